@@ -1,0 +1,1 @@
+"""One module per learner: the reference ladder and the harness adapters."""

@@ -1,0 +1,157 @@
+"""What every learner implements, and the conversation mechanics the ladder learners share.
+
+The runner owns the protocol; a learner only ever sees an `InstanceView` (task id, test input,
+counts, and on a resumed instance the steps it already took) and the outcomes of its actions.
+A learner keeps whatever it keeps in its own `state_dir`, which the runner wipes, snapshots and
+restores; nothing else carries over between instances.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.arc import Demo, Grid
+from orchestrator.prompts import PromptSet
+from orchestrator.protocol import Action, DemoGiven, Malformed, Outcome, Verdict
+
+from harness_adapters.chat_model import ChatModel, Usage
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """An earlier step of the current instance, replayed to a learner when a killed run resumes."""
+
+    action: Action | Malformed
+    outcome: Outcome
+    reply: str = ""
+    note: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """Everything a learner is told about an instance. Never the test output, never the stream."""
+
+    task_id: str
+    test_input: Grid
+    attempts_used: int = 0
+    demos_used: int = 0
+    history: tuple[StepRecord, ...] = ()
+
+    @property
+    def demos_bought(self) -> list[tuple[int, Demo]]:
+        return [(s.outcome.number, s.outcome.demo) for s in self.history
+                if isinstance(s.outcome, DemoGiven)]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A learner's next move: a reply text carrying one JSON action, or an action it built itself."""
+
+    text: str = ""
+    action: Action | Malformed | None = None
+    usage: Usage = field(default_factory=Usage)
+    note: dict[str, Any] = field(default_factory=dict)
+
+
+class Learner(abc.ABC):
+    """One learner of the ladder, or a harness. One instance per cell; one conversation per instance."""
+
+    name: str = "learner"
+
+    def __init__(self, state_dir: Path, prompts: PromptSet):
+        self.state_dir = state_dir
+        self.prompts = prompts
+        state_dir.mkdir(parents=True, exist_ok=True)
+
+    @abc.abstractmethod
+    def begin(self, view: InstanceView) -> None:
+        """Start a fresh conversation for this instance."""
+
+    @abc.abstractmethod
+    def act(self) -> Turn:
+        """Produce the next action."""
+
+    @abc.abstractmethod
+    def observe(self, outcome: Outcome, attempts_used: int, demos_used: int) -> None:
+        """Receive the environment's answer to the last action."""
+
+    def end(self, solved: bool) -> None:
+        """The instance is over; keep whatever this learner keeps in `state_dir`."""
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The conversation of the current instance, for the records."""
+        return []
+
+    def close(self) -> None:
+        """Release processes and connections (the runner always calls it)."""
+
+
+class ChatLearner(Learner):
+    """A bare model in a chat: the orchestrator is the user, each reply carries one JSON action."""
+
+    system_template = "system"
+
+    def __init__(self, state_dir: Path, prompts: PromptSet, model: ChatModel):
+        super().__init__(state_dir, prompts)
+        self.model = model
+        self.messages: list[dict[str, Any]] = []
+        self.task_id = ""
+        self.test_input: Grid = ((0,),)
+        self.pairs: list[Demo] = []  # every pair held on this instance: cached then bought
+        self.bought: list[Demo] = []
+        self.cached: list[Demo] = []
+
+    def cached_pairs(self, task_id: str) -> list[Demo]:
+        """Pairs shown free at the start of an instance; none for a stateless learner."""
+        return []
+
+    def begin(self, view: InstanceView) -> None:
+        """Open the conversation; on a resumed instance, rebuild it from the steps already taken."""
+        self.task_id, self.test_input = view.task_id, view.test_input
+        self.cached = self.cached_pairs(view.task_id)
+        self.bought, self.pairs = [], list(self.cached)
+        opening = self.prompts.instance_message(view.task_id, view.test_input, 0, 0,
+                                                cached=self.cached)
+        self.messages = [{"role": "system", "content": self.prompts.render(self.system_template)},
+                         {"role": "user", "content": opening}]
+        self.on_begin(view)
+        attempts = demos = 0
+        for step in view.history:
+            attempts += isinstance(step.outcome, Verdict) and not step.outcome.correct
+            demos += isinstance(step.outcome, DemoGiven)
+            self.replay(step)
+            self.observe(step.outcome, attempts, demos)
+
+    def replay(self, step: StepRecord) -> None:
+        """Put an earlier step's reply back into the conversation (resume)."""
+        text = step.reply or (json.dumps(step.action.to_json())
+                              if isinstance(step.action, Action) else "")
+        self.messages.append({"role": "assistant", "content": text})
+
+    def on_begin(self, view: InstanceView) -> None:
+        """Hook for subclasses after the conversation is opened."""
+
+    def act(self) -> Turn:
+        reply = self.model.complete(self.messages)
+        self.messages.append({"role": "assistant", "content": reply.text})
+        return Turn(text=reply.text, usage=reply.usage)
+
+    def observe(self, outcome: Outcome, attempts_used: int, demos_used: int) -> None:
+        number = None
+        if isinstance(outcome, DemoGiven):
+            self.bought.append(outcome.demo)
+            self.pairs.append(outcome.demo)
+            number = len(self.cached) + outcome.number
+        text = self.prompts.outcome_message(outcome, attempts_used, demos_used, number)
+        self.messages.append({"role": "user", "content": text})
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return list(self.messages)
+
+
+def is_verdict(outcome: Outcome, correct: bool | None = None) -> bool:
+    return isinstance(outcome, Verdict) and (correct is None or outcome.correct == correct)

@@ -1,0 +1,86 @@
+"""An OpenAI-compatible chat client configured by base URL, key variable, model, effort and prices.
+
+The ladder learners talk to their model only through this, over HTTP, so the embedded solver
+model and any real endpoint are interchangeable. Compute is measured per call (tokens, seconds,
+dollars from the price table) for the records; it is never part of the score.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+from pydantic import BaseModel, ConfigDict, Field
+
+PLACEHOLDER_KEY = "carc-placeholder-key"
+
+
+class ModelEndpoint(BaseModel):
+    """Where a learner's model lives and what it costs. `api_key_env` names a variable, never a key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    effort: str | None = None
+    input_usd_per_mtok: float = Field(0.0, ge=0)
+    output_usd_per_mtok: float = Field(0.0, ge=0)
+    timeout_s: float = Field(600.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    usd: float = 0.0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens,
+                     self.seconds + other.seconds, self.usd + other.usd)
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    text: str
+    usage: Usage
+
+
+class ModelUnavailable(RuntimeError):
+    """The endpoint failed after all retries; the runner fails the instance with this reason."""
+
+
+class ChatModel:
+    def __init__(self, endpoint: ModelEndpoint):
+        self.endpoint = endpoint
+        key = os.environ.get(endpoint.api_key_env) or PLACEHOLDER_KEY
+        self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
+                                    timeout=endpoint.timeout_s, max_retries=endpoint.max_retries)
+
+    def complete(self, messages: list[dict[str, Any]]) -> ChatReply:
+        extra: dict[str, Any] = {}
+        if self.endpoint.effort:
+            extra["reasoning_effort"] = self.endpoint.effort
+        if self.endpoint.max_tokens:
+            extra["max_tokens"] = self.endpoint.max_tokens
+        start = time.perf_counter()
+        try:
+            response = self.client.chat.completions.create(
+                model=self.endpoint.model, messages=messages, **extra)
+        except openai.APIError as exc:
+            raise ModelUnavailable(f"{self.endpoint.base_url} ({self.endpoint.model}): {exc}") from exc
+        seconds = time.perf_counter() - start
+        text = response.choices[0].message.content or "" if response.choices else ""
+        prompt = response.usage.prompt_tokens if response.usage else 0
+        completion = response.usage.completion_tokens if response.usage else 0
+        usd = (prompt * self.endpoint.input_usd_per_mtok
+               + completion * self.endpoint.output_usd_per_mtok) / 1e6
+        return ChatReply(text, Usage(1, prompt, completion, seconds, usd))

@@ -1,0 +1,117 @@
+"""Run a model-written `transform(grid)` on some grids, never in the orchestrator's process.
+
+Each run is a fresh `python -I -S` subprocess with CPU-time, memory and output limits and a
+wall-clock timeout that kills it. (The Docker sandbox of the sandbox issue replaces this.)
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_list
+
+DRIVER = r"""
+import json, sys
+payload = json.loads(sys.stdin.read())
+namespace = {"__name__": "carc_program"}
+results = []
+try:
+    exec(compile(payload["source"], "<program>", "exec"), namespace)
+    transform = namespace.get("transform")
+    if not callable(transform):
+        raise NameError("the program defines no function transform(grid)")
+except BaseException as exc:
+    print(json.dumps({"load_error": f"{type(exc).__name__}: {exc}"[:500]}))
+    sys.exit(0)
+for grid in payload["inputs"]:
+    try:
+        out = transform([list(row) for row in grid])
+        out = [[int(c) if not isinstance(c, bool) else c for c in row] for row in out]
+        results.append({"output": out})
+    except BaseException as exc:
+        results.append({"error": f"{type(exc).__name__}: {exc}"[:500]})
+print(json.dumps({"results": results}))
+"""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The output grid, or why there is none."""
+
+    output: Grid | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProgramLimits:
+    wall_s: float = 10.0
+    cpu_s: int = 8
+    memory_bytes: int = 1 << 30
+    output_bytes: int = 4 << 20
+
+
+def _apply_limits(limits: ProgramLimits):
+    def set_limits() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+    return set_limits
+
+
+def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = ProgramLimits()) -> list[RunResult]:
+    """Run `transform` on each input in one subprocess; every failure becomes a RunResult error."""
+    payload = json.dumps({"source": source, "inputs": [grid_list(g) for g in inputs]})
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", DRIVER], input=payload,
+                              capture_output=True, text=True, timeout=limits.wall_s,
+                              preexec_fn=_apply_limits(limits))
+    except subprocess.TimeoutExpired:
+        return [RunResult(None, f"the program ran longer than {limits.wall_s:g} s")] * len(inputs)
+    if len(proc.stdout) > limits.output_bytes:
+        return [RunResult(None, "the program printed too much output")] * len(inputs)
+    try:
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        return [RunResult(None, f"the program crashed: {tail[0][:300]}")] * len(inputs)
+    if "load_error" in report:
+        return [RunResult(None, report["load_error"])] * len(inputs)
+    results = []
+    for item in report["results"]:
+        if "error" in item:
+            results.append(RunResult(None, item["error"]))
+            continue
+        try:
+            results.append(RunResult(as_grid(item["output"])))
+        except GridError as exc:
+            results.append(RunResult(None, f"the output is not a valid grid: {exc}"))
+    return results
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    passed: bool
+    test_output: Grid | None
+    details: str  # what failed, in words the model is shown
+
+
+def check_program(source: str, pairs: list[Demo], test_input: Grid,
+                  limits: ProgramLimits = ProgramLimits()) -> CheckResult:
+    """Check a program on every pair held (free) and, when it passes all, run it on the test input."""
+    results = run_program(source, [p.input for p in pairs] + [test_input], limits)
+    failures = []
+    for number, (pair, result) in enumerate(zip(pairs, results), start=1):
+        if result.error:
+            failures.append(f"Pair {number}: {result.error}")
+        elif result.output != pair.output:
+            failures.append(f"Pair {number}: the output differs from the expected output.")
+    test = results[-1]
+    if failures:
+        return CheckResult(False, None, "\n".join(failures))
+    if test.error:
+        return CheckResult(False, None, f"On the test input: {test.error}")
+    return CheckResult(True, test.output, "")

@@ -1,0 +1,121 @@
+"""The program library: the demo-cache floor where every submission is a program the model writes.
+
+Each program `transform(grid)` is checked free, in a separate process, against every pair held;
+failures go back to the model; a passing program's test output is submitted. The program that
+answered a task is kept (`state_dir/programs/<task>.py`) with the pairs, and when the task
+returns it runs first, before the model is asked. The wiped variant is the same learner with its
+state emptied before every instance (a row setting of the cell, not a code path here).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from orchestrator.arc import Demo
+from orchestrator.prompts import PromptSet
+from orchestrator.protocol import Action, Malformed, Outcome, Verdict, parse_action
+
+from harness_adapters.base import InstanceView, StepRecord, Turn
+from harness_adapters.chat_model import ChatModel, Usage
+from harness_adapters.demo_cache_floor import DemoCacheFloor
+from harness_adapters.program_check import ProgramLimits, check_program
+
+_CODE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+MAX_CHECKS_PER_TURN = 6
+
+
+def extract_program(text: str) -> str | None:
+    """The last fenced code block that defines transform, or the whole reply if it is bare code."""
+    blocks = [b for b in _CODE.findall(text) if "def transform" in b]
+    if blocks:
+        return blocks[-1]
+    if text.lstrip().startswith(("def transform", "import ", "from ", "#")) and "def transform" in text:
+        return text
+    return None
+
+
+class ProgramLibrary(DemoCacheFloor):
+    name = "program-library"
+    system_template = "program_system"
+
+    def __init__(self, state_dir: Path, prompts: PromptSet, model: ChatModel,
+                 limits: ProgramLimits = ProgramLimits()):
+        super().__init__(state_dir, prompts, model)
+        self.limits = limits
+        self.kept_pending = False
+        self.last_program: str | None = None   # the program behind the last submission
+        self.passing: str | None = None        # the last program that reproduced every pair
+
+    def _kept_path(self, task_id: str) -> Path:
+        return self.state_dir / "programs" / f"{task_id}.py"
+
+    def on_begin(self, view: InstanceView) -> None:
+        # On a resumed instance the kept program already had its turn (it is in the history).
+        self.kept_pending = self._kept_path(view.task_id).exists() and not view.history
+        self.last_program = self.passing = None
+
+    def replay(self, step: StepRecord) -> None:
+        program = step.note.get("program")
+        if not program:
+            return super().replay(step)
+        self.last_program = self.passing = program
+        self.messages.append({"role": "assistant", "content": f"```python\n{program}```"})
+
+    def act(self) -> Turn:
+        if self.kept_pending:
+            self.kept_pending = False
+            turn = self._run_kept()
+            if turn is not None:
+                return turn
+        usage = Usage()
+        for _ in range(MAX_CHECKS_PER_TURN):
+            reply = self.model.complete(self.messages)
+            usage = usage + reply.usage
+            self.messages.append({"role": "assistant", "content": reply.text})
+            source = extract_program(reply.text)
+            if source is None:
+                action = parse_action(reply.text.strip())
+                if isinstance(action, Action) and action.kind in ("request_demos", "finish"):
+                    return Turn(text=reply.text, action=action, usage=usage)
+                reason = ("the reply holds neither a ```python block defining transform(grid) "
+                          "nor a JSON request for a demonstration")
+                self.messages.append({"role": "user",
+                                      "content": self.prompts.render("program_no_code", reason=reason)})
+                continue
+            result = check_program(source, self.pairs, self.test_input, self.limits)
+            if result.passed:
+                self.last_program = self.passing = source
+                return Turn(action=Action("submit", result.test_output), usage=usage,
+                            note={"program": source, "from": "model"})
+            self.messages.append({"role": "user", "content": self.prompts.render(
+                "program_check_failed", details=result.details)})
+        # The model gave no passing program this turn; the protocol counts it as malformed (free).
+        return Turn(action=Malformed(f"no program reproduced the pairs in {MAX_CHECKS_PER_TURN} tries"),
+                    usage=usage)
+
+    def _run_kept(self) -> Turn | None:
+        source = self._kept_path(self.task_id).read_text()
+        result = check_program(source, self.pairs, self.test_input, self.limits)
+        if not result.passed:
+            return None
+        self.last_program = source
+        # The model sees the kept program and its verdict, so it does not propose it again.
+        self.messages.append({"role": "assistant", "content": f"```python\n{source}```"})
+        return Turn(action=Action("submit", result.test_output),
+                    note={"program": source, "from": "kept"})
+
+    def observe(self, outcome: Outcome, attempts_used: int, demos_used: int) -> None:
+        super().observe(outcome, attempts_used, demos_used)
+        if isinstance(outcome, Verdict) and not outcome.correct:
+            self.passing = None if self.passing == self.last_program else self.passing
+
+    def end(self, solved: bool) -> None:
+        super().end(solved)
+        path = self._kept_path(self.task_id)
+        keep = self.last_program if solved else self.passing
+        if keep:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(keep)
+        elif path.exists() and not solved:
+            path.unlink()  # the kept program was wrong here and nothing better was found

@@ -1,0 +1,78 @@
+"""ARC grids and demonstration pairs: the values every other module passes around.
+
+A grid is an immutable tuple of rows of ints in 0..9, 1..30 cells on each side. Grids cross
+process and JSON boundaries as lists of lists; `as_grid` / `grid_json` are the one conversion.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+Grid = tuple[tuple[int, ...], ...]
+
+MAX_SIDE = 30
+COLOURS = range(10)
+
+
+class GridError(ValueError):
+    """A value that is not a valid ARC grid; the message says exactly what is wrong."""
+
+
+def as_grid(value: Any) -> Grid:
+    """Validate a JSON-like value (list of lists of ints) and return it as a `Grid`.
+
+    Raises `GridError` naming the first problem: not a list, empty, ragged, bad cell, too big.
+    """
+    if not isinstance(value, (list, tuple)):
+        raise GridError(f"grid must be a list of rows, got {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_SIDE:
+        raise GridError(f"grid has {len(value)} rows; it must have 1 to {MAX_SIDE}")
+    rows: list[tuple[int, ...]] = []
+    width = None
+    for r, row in enumerate(value):
+        if not isinstance(row, (list, tuple)):
+            raise GridError(f"row {r} must be a list of cells, got {type(row).__name__}")
+        if width is None:
+            width = len(row)
+            if not 1 <= width <= MAX_SIDE:
+                raise GridError(f"row 0 has {width} cells; rows must have 1 to {MAX_SIDE}")
+        elif len(row) != width:
+            raise GridError(f"grid is not rectangular: row 0 has {width} cells, row {r} has {len(row)}")
+        for c, cell in enumerate(row):
+            # bool is an int subclass; true/false are not colours.
+            if isinstance(cell, bool) or not isinstance(cell, int):
+                raise GridError(f"cell [{r}][{c}] is {cell!r}; cells must be integers 0 to 9")
+            if cell not in COLOURS:
+                raise GridError(f"cell [{r}][{c}] is {cell}; cells must be integers 0 to 9")
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def grid_list(grid: Grid) -> list[list[int]]:
+    return [list(row) for row in grid]
+
+
+def grid_json(grid: Grid) -> str:
+    """Compact, canonical JSON text of a grid (the form used in prompts and records)."""
+    return json.dumps(grid_list(grid), separators=(",", ":"))
+
+
+def shape(grid: Grid) -> tuple[int, int]:
+    return len(grid), len(grid[0])
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One demonstration pair of a task: an input grid and its output under the task's rule."""
+
+    input: Grid
+    output: Grid
+
+    def to_json(self) -> dict[str, list[list[int]]]:
+        return {"input": grid_list(self.input), "output": grid_list(self.output)}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> "Demo":
+        return cls(as_grid(value["input"]), as_grid(value["output"]))

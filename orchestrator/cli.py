@@ -1,0 +1,137 @@
+"""The `carc` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Continual-ARC harness grid: streams, learners, records and reports.")
+grid_app = typer.Typer(no_args_is_help=True, help="Run grids of cells.")
+stream_app = typer.Typer(no_args_is_help=True, help="Inspect streams.")
+model_app = typer.Typer(no_args_is_help=True, help="The embedded offline solver model.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Task sources.")
+app.add_typer(grid_app, name="grid")
+app.add_typer(stream_app, name="stream")
+app.add_typer(model_app, name="model")
+app.add_typer(tasks_app, name="tasks")
+console = Console()
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+@grid_app.command("run")
+def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
+             resume: Optional[Path] = typer.Option(None, help="continue the run in this directory"),
+             runs_dir: Path = typer.Option(Path("runs"), help="where new runs are created"),
+             run_id: Optional[str] = typer.Option(None, help="name of the new run directory"),
+             workers: Optional[int] = typer.Option(None, help="cells run in parallel"),
+             report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
+    """Run every cell of GRID (or continue --resume RUN), then write the report."""
+    from orchestrator.grid_config import GridFileError
+    from orchestrator.grid_run import execute, start_run
+    from orchestrator.report import write_report
+
+    if (grid is None) == (resume is None):
+        _fail("give a grid file, or --resume RUN_DIR (not both)")
+    try:
+        if resume is not None:
+            if not (resume / "grid.yaml").exists():
+                _fail(f"{resume}: not a run directory (no grid.yaml)")
+            run_dir = resume
+            execute(run_dir, workers)
+        else:
+            run_dir = start_run(grid, runs_dir, run_id, workers)
+    except (GridFileError, FileExistsError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"run: {run_dir}")
+    if report:
+        console.print(f"report: {write_report(run_dir)}")
+
+
+@grid_app.command("cells")
+def grid_cells(grid: Path) -> None:
+    """List the cells a grid file expands to."""
+    from orchestrator.grid_config import GridFileError, load_grid
+    try:
+        cells = load_grid(grid).cells()
+    except GridFileError as exc:
+        _fail(str(exc))
+    for cell in cells:
+        console.print(cell.cell, highlight=False)
+
+
+@grid_app.command("check")
+def grid_check(grid: Path) -> None:
+    """Validate a grid file and print its cells and schedule length."""
+    from orchestrator.grid_config import GridFileError, load_grid
+    from orchestrator.schedule import build_schedule
+    try:
+        config = load_grid(grid)
+        cells = config.cells()
+        schedule = build_schedule(config, cells[0])
+    except (GridFileError, ValueError, KeyError) as exc:
+        _fail(str(exc))
+    console.print(f"{grid}: {len(cells)} cells, {len(schedule)} instances each", highlight=False)
+
+
+@app.command("report")
+def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
+    """Write RUN/report.md from the run's records."""
+    from orchestrator.report import write_report
+    if not (run / "cells").is_dir():
+        _fail(f"{run}: not a run directory (no cells/)")
+    console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
+
+
+@stream_app.command("show")
+def stream_show(order: str = typer.Option("workstreams", help="sequential | workstreams | random"),
+                seed: int = typer.Option(0), tasks: int = typer.Option(25),
+                visits: int = typer.Option(8)) -> None:
+    """Print a stream's schedule summary and its return-gap distribution."""
+    import dataclasses
+
+    from orchestrator.streams import PRESETS, build_stream, summary_table
+    if order not in PRESETS:
+        _fail(f"unknown order {order!r}; use one of {', '.join(PRESETS)}")
+    settings = dataclasses.replace(PRESETS[order], visits=visits)
+    ids = [f"task{k:02d}" for k in range(tasks)]
+    stream = build_stream(ids, settings, seed)
+    console.print(summary_table(dataclasses.replace(stream, order=order)))
+
+
+@model_app.command("serve")
+def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8765),
+                effort: str = typer.Option("medium", help="default effort: low | medium | high"),
+                workers: int = typer.Option(1)) -> None:
+    """Serve the embedded solver model as an OpenAI-compatible endpoint."""
+    from solver_model.server import serve
+    serve(host=host, port=port, effort_default=effort, workers=workers)
+
+
+@tasks_app.command("list")
+def tasks_list(source: str = typer.Option("own", help="own | arc1 | arc2")) -> None:
+    """List the task ids of a source."""
+    if source == "own":
+        from orchestrator.tasks.own import OWN_TASKS
+        for task in OWN_TASKS.values():
+            console.print(f"{task.task_id:<36} {task.split:<8} {task.kind:<10} {task.description}",
+                          highlight=False)
+    elif source == "arc1":
+        from orchestrator.tasks.public import arc1_tasks
+        console.print(" ".join(sorted(arc1_tasks("training"))))
+    elif source == "arc2":
+        from orchestrator.tasks.public import arc2_new_eval_tasks
+        console.print(" ".join(sorted(arc2_new_eval_tasks())))
+    else:
+        _fail(f"unknown source {source!r}")
+
+
+if __name__ == "__main__":
+    app()

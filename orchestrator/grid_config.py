@@ -1,0 +1,208 @@
+"""Grid files: YAML -> validated `GridConfig` -> cells (learner x row x model x effort x order x seed).
+
+Validation errors name the file, the line and the field, e.g.
+`examples/x.yaml:12: efforts[1]: Input should be 'low', 'medium' or 'high'`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness_adapters.chat_model import ModelEndpoint
+from orchestrator.protocol import Limits
+
+LEARNER_ROWS: dict[str, tuple[str, ...]] = {
+    "stateless-floor": ("memory-on",),
+    "demo-cache-floor": ("memory-on",),
+    "program-library": ("memory-on", "wiped"),
+}
+EMBEDDED = "embedded"
+
+
+class GridFileError(ValueError):
+    """A grid file that cannot be run; the message names file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrackConfig(_Strict):
+    name: Literal["own", "arc1", "arc2"] = "own"
+    source: Literal["own", "rearc", "frames"] | None = Field(
+        None, description="arc1 only: rearc (needs rearc_path), own generators, or public pairs in frames")
+    tasks: int = Field(25, ge=1, le=400)
+    task_ids: list[str] | None = None
+    epilogue: int = Field(25, ge=0, le=400)
+    fresh_reference: bool = True
+    visits: int = Field(8, ge=1, le=64)
+    rearc_path: Path | None = None
+    labels: Path | None = None
+
+    @model_validator(mode="after")
+    def _source_fits_track(self) -> "TrackConfig":
+        if self.name == "arc1" and self.source is None:
+            self.source = "rearc" if self.rearc_path else "frames"
+        if self.name != "arc1" and self.source not in (None, "own" if self.name == "own" else "frames"):
+            raise ValueError(f"source {self.source!r} is only for track arc1")
+        if self.source == "rearc" and self.rearc_path is None:
+            raise ValueError("source rearc needs rearc_path: the folder of a Re-ARC checkout "
+                             "(git clone of michaelhodel/re-arc)")
+        return self
+
+
+class ModelConfig(_Strict):
+    endpoint: str = Field(EMBEDDED, description="'embedded' (the project's solver model) or a base URL")
+    name: str = "carc-solver"
+    api_key_env: str = "OPENAI_API_KEY"
+    input_usd_per_mtok: float = Field(0.0, ge=0)
+    output_usd_per_mtok: float = Field(0.0, ge=0)
+    timeout_s: float = Field(600.0, gt=0)
+    max_tokens: int | None = None
+
+    def endpoint_for(self, effort: str, base_url: str) -> ModelEndpoint:
+        return ModelEndpoint(base_url=base_url, model=self.name, api_key_env=self.api_key_env,
+                             effort=effort, input_usd_per_mtok=self.input_usd_per_mtok,
+                             output_usd_per_mtok=self.output_usd_per_mtok,
+                             timeout_s=self.timeout_s, max_tokens=self.max_tokens)
+
+
+class LearnerEntry(_Strict):
+    learner: str
+    row: str = "memory-on"
+
+    @model_validator(mode="after")
+    def _known(self) -> "LearnerEntry":
+        if self.learner not in LEARNER_ROWS:
+            raise ValueError(f"unknown learner {self.learner!r}; known: {', '.join(LEARNER_ROWS)}")
+        if self.row not in LEARNER_ROWS[self.learner]:
+            raise ValueError(f"learner {self.learner} has no row {self.row!r}; rows: "
+                             f"{', '.join(LEARNER_ROWS[self.learner])}")
+        return self
+
+
+class LimitsConfig(_Strict):
+    max_malformed: int = Field(20, ge=1)
+    wall_clock_s: float = Field(900.0, gt=0)
+
+    def limits(self) -> Limits:
+        return Limits(max_malformed=self.max_malformed, wall_clock_s=self.wall_clock_s)
+
+
+class GridConfig(_Strict):
+    name: str
+    seed: int = 0
+    seeds: list[int] | None = None
+    track: TrackConfig = TrackConfig()
+    orders: list[Literal["sequential", "workstreams", "random"]] = ["workstreams"]
+    model: ModelConfig = ModelConfig()
+    efforts: list[str] = ["medium"]
+    learners: list[LearnerEntry]
+    limits: LimitsConfig = LimitsConfig()
+    prompts: Path | None = None
+    workers: int = Field(2, ge=1, le=64)
+
+    @field_validator("learners", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"learner": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("efforts")
+    @classmethod
+    def _efforts(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one effort is needed")
+        return value
+
+    def cells(self) -> list["Cell"]:
+        out = []
+        for seed in self.seeds or [self.seed]:
+            for order in self.orders:
+                for effort in self.efforts:
+                    for entry in self.learners:
+                        out.append(Cell(learner=entry.learner, row=entry.row, model=self.model.name,
+                                        effort=effort, order=order, seed=seed,
+                                        track=self.track.name))
+        ids = [c.cell for c in out]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise GridFileError(f"grid {self.name!r} repeats cell(s) {dupes}; remove the duplicate learner entries")
+        return out
+
+
+class Cell(_Strict):
+    """One run of one learner on one stream: the unit the runner executes and the report rows."""
+
+    learner: str
+    row: str
+    model: str
+    effort: str
+    order: str
+    seed: int
+    track: str
+
+    @property
+    def label(self) -> str:
+        return self.learner if self.row == "memory-on" else f"{self.learner}-{self.row}"
+
+    @property
+    def cell(self) -> str:
+        return f"{self.label}.{self.effort}.{self.order}.s{self.seed}"
+
+    def record(self) -> dict[str, Any]:
+        return {"cell": self.cell, "label": self.label, **self.model_dump()}
+
+
+def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the YAML node at a pydantic error location, or its nearest parent."""
+    node, line = root, root.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == part), None)
+            if match is None:
+                break
+            line = next(k for k, v in node.value if v is match).start_mark.line + 1
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def load_grid(path: Path | str) -> GridConfig:
+    """Read and validate a grid file; relative paths inside it are relative to the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise GridFileError(f"{path}: cannot read grid file: {exc.strerror}") from exc
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise GridFileError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or root is None:
+        raise GridFileError(f"{path}:1: a grid file is a mapping with at least 'name' and 'learners'")
+    try:
+        grid = GridConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+            lines.append(f"{path}:{_line_of(root, loc)}: {field or '(top level)'}: {err['msg']}")
+        raise GridFileError("\n".join(lines)) from None
+    base = path.parent
+    for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts")):
+        value = getattr(holder, attr)
+        if value is not None and not value.is_absolute():
+            setattr(holder, attr, (base / value).resolve())
+    return grid

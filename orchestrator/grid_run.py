@@ -1,0 +1,168 @@
+"""Running a grid: the run directory, the embedded model server, cells in parallel, progress.
+
+`start_run` creates `runs/<run-id>/` with the grid; `resume_run` continues one. Cells run in
+worker processes (one cell per process at a time); each cell writes only inside its own folder.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import structlog
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from orchestrator.grid_config import EMBEDDED, Cell, GridConfig, load_grid
+
+log = structlog.get_logger("carc.grid")
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel kill this process when its parent dies (no orphans after a kill)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def model_service(grid: GridConfig, log_dir: Path, workers: int = 2) -> Iterator[str]:
+    """The base URL learners use: the grid's endpoint, or a fresh embedded solver-model server."""
+    if grid.model.endpoint != EMBEDDED:
+        yield grid.model.endpoint.rstrip("/")
+        return
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = open(log_dir / "model-server.log", "ab")
+    cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the embedded model server exited with code {proc.returncode}; "
+                                   f"see {log_dir / 'model-server.log'}")
+            try:
+                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded model server did not answer on {base_url} in 60 s")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out.close()
+
+
+def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str, events) -> str:
+    """Worker entry point: run one cell, reporting progress through `events`."""
+    from orchestrator.runner import CellRunner
+
+    grid = load_grid(grid_path)
+    cell = Cell.model_validate_json(cell_json)
+
+    def progress(done: int, total: int) -> None:
+        events.put((cell.cell, done, total))
+
+    CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
+    return cell.cell
+
+
+def new_run_dir(grid: GridConfig, runs_dir: Path, run_id: str | None) -> Path:
+    run_id = run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{grid.name}"
+    run_dir = runs_dir / run_id
+    if run_dir.exists():
+        raise FileExistsError(f"{run_dir} exists; resume it with `carc grid run --resume {run_dir}`")
+    (run_dir / "cells").mkdir(parents=True)
+    return run_dir
+
+
+def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
+              workers: int | None = None) -> Path:
+    grid = load_grid(grid_path)
+    run_dir = new_run_dir(grid, runs_dir, run_id)
+    shutil.copyfile(grid_path, run_dir / "grid.yaml")
+    # Paths inside the grid were relative to its file; the copy keeps them resolvable.
+    (run_dir / "grid.source").write_text(str(Path(grid_path).resolve()) + "\n")
+    execute(run_dir, workers)
+    return run_dir
+
+
+def run_grid_path(run_dir: Path) -> Path:
+    source = run_dir / "grid.source"
+    if source.exists():
+        original = Path(source.read_text().strip())
+        if original.exists() and original.read_bytes() == (run_dir / "grid.yaml").read_bytes():
+            return original
+    return run_dir / "grid.yaml"
+
+
+def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> None:
+    """Run (or continue) every cell of the run in `run_dir`."""
+    grid_path = run_grid_path(run_dir)
+    grid = load_grid(grid_path)
+    cells = grid.cells()
+    workers = workers or min(grid.workers, len(cells))
+    ctx = multiprocessing.get_context("spawn")
+    manager = ctx.Manager()
+    events = manager.Queue()
+    with model_service(grid, run_dir / "logs", workers=max(1, min(2, os.cpu_count() or 1))) as base_url:
+        progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), disable=not show_progress)
+        with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=die_with_parent) as pool:
+            bars = {c.cell: progress.add_task(c.cell, total=None) for c in cells}
+            futures = {pool.submit(_run_cell, str(grid_path), c.model_dump_json(),
+                                   str(run_dir / "cells" / c.cell), base_url, events): c for c in cells}
+            pending = set(futures)
+            failures = []
+            while pending:
+                _drain(events, progress, bars)
+                done = [f for f in pending if f.done()]
+                for future in done:
+                    pending.discard(future)
+                    try:
+                        future.result()
+                    except Exception as exc:  # report every failed cell, keep the others running
+                        failures.append(f"{futures[future].cell}: {type(exc).__name__}: {exc}")
+                time.sleep(0.1)
+            _drain(events, progress, bars)
+    manager.shutdown()
+    if failures:
+        raise RuntimeError("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+
+
+def _drain(events, progress: Progress, bars: dict[str, int]) -> None:
+    while True:
+        try:
+            cell, done, total = events.get_nowait()
+        except queue.Empty:
+            return
+        progress.update(bars[cell], completed=done, total=total)

@@ -1,0 +1,241 @@
+"""The cell runner: one learner through its schedule, with append-only records and exact resume.
+
+For every slot: (wipe the state if the row says so) -> instance_start -> the conversation, one
+fsynced `step` event per action before the learner hears the answer -> learner.end -> snapshot of
+the state -> instance_end. A killed run resumes at the first slot without an instance_end: the
+state is restored from the previous slot's snapshot, the protocol is rebuilt by replaying the
+logged steps (nothing is charged twice), and the learner gets its conversation back.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from harness_adapters.base import InstanceView, Learner, StepRecord
+from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
+from orchestrator.arc import Demo, as_grid
+from orchestrator.grid_config import Cell, GridConfig
+from orchestrator.learners import build_learner
+from orchestrator.prompts import PromptSet
+from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol, Malformed,
+                                   MalformedReply, Outcome, Refused, Verdict, extract_action)
+from orchestrator.records import Event, EventLog, read_events, truncate_torn_tail, write_json
+from orchestrator.schedule import ScheduledSlot, build_schedule
+from orchestrator.tasks.base import ArcInstance
+
+log = structlog.get_logger("carc.runner")
+
+# A learner that keeps talking after the verdict (harnesses may) is stopped after this many turns.
+MAX_TURNS_AFTER_OVER = 4
+MAX_TURNS = 200
+
+
+def outcome_label(outcome: Outcome) -> str:
+    if isinstance(outcome, DemoGiven):
+        return "demo"
+    if isinstance(outcome, Verdict):
+        return "correct" if outcome.correct else "incorrect"
+    if isinstance(outcome, Refused):
+        return "refused"
+    if isinstance(outcome, MalformedReply):
+        return "malformed"
+    return "finished"
+
+
+def outcome_from_event(event: Event, instance: ArcInstance) -> Outcome:
+    """Rebuild the outcome a step event recorded (for replay to a resumed learner)."""
+    label = event.outcome
+    if label == "demo":
+        number = event.demos_used or 0
+        return DemoGiven(instance.demos[number - 1], number)
+    if label in ("correct", "incorrect"):
+        return Verdict(label == "correct", bool(event.over))
+    if label == "refused":
+        return Refused(event.message or "")
+    if label == "malformed":
+        return MalformedReply(event.message or "", bool(event.over))
+    return Finished()
+
+
+def action_from_event(event: Event) -> Action | Malformed:
+    data = event.action or {}
+    if "malformed" in data:
+        return Malformed(data["malformed"])
+    grid = as_grid(data["grid"]) if "grid" in data else None
+    return Action(data["action"], grid)
+
+
+@dataclass
+class CellRunner:
+    """Runs one cell in `cell_dir`; `progress(slot_index, total)` is called after each instance."""
+
+    grid: GridConfig
+    cell: Cell
+    cell_dir: Path
+    model_base_url: str
+    progress: Callable[[int, int], None] = lambda done, total: None
+
+    def __post_init__(self) -> None:
+        self.events_path = self.cell_dir / "events.jsonl"
+        self.state_dir = self.cell_dir / "state"
+        self.snapshots = self.cell_dir / "snapshots"
+        self.transcripts = self.cell_dir / "transcripts"
+        for folder in (self.state_dir, self.snapshots, self.transcripts):
+            folder.mkdir(parents=True, exist_ok=True)
+        write_json(self.cell_dir / "cell.json", self.cell.record())
+        self.limits = self.grid.limits.limits()
+        self.prompts = PromptSet.load(self.grid.prompts)
+
+    def run(self) -> None:
+        lock = open(self.cell_dir / ".lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
+        try:
+            self._run()
+        finally:
+            lock.close()
+
+    def _run(self) -> None:
+        schedule = build_schedule(self.grid, self.cell)
+        truncate_torn_tail(self.events_path)
+        events = read_events(self.events_path)
+        finished = {e.slot for e in events if e.type == "instance_end"}
+        model = ChatModel(self.grid.model.endpoint_for(self.cell.effort, self.model_base_url))
+        learner = build_learner(self.cell, self.state_dir, self.prompts, model)
+        try:
+            with EventLog(self.events_path) as journal:
+                if events:  # resuming: the state must be as it was after the last finished slot
+                    done = [s for s in schedule if s.index in finished]
+                    self._restore(done[-1] if done else None)
+                for position, slot in enumerate(schedule):
+                    if slot.index in finished:
+                        continue
+                    partial = [e for e in events if e.slot == slot.index]
+                    self._run_slot(slot, learner, journal, partial)
+                    self.progress(position + 1, len(schedule))
+        finally:
+            learner.close()
+
+    # --- state volume: wipe, snapshot, restore --------------------------------------------------
+
+    def _wipe(self) -> None:
+        shutil.rmtree(self.state_dir)
+        self.state_dir.mkdir()
+
+    def _snapshot(self, slot: ScheduledSlot) -> None:
+        path = self.snapshots / f"{slot.index:05d}.tar.gz"
+        tmp = path.with_suffix(".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(self.state_dir, arcname=".")
+        tmp.replace(path)
+
+    def _restore(self, previous: ScheduledSlot | None) -> None:
+        """Put the state back as it was after the last finished instance (empty before the first)."""
+        self._wipe()
+        if previous is not None:
+            with tarfile.open(self.snapshots / f"{previous.index:05d}.tar.gz") as tar:
+                tar.extractall(self.state_dir, filter="data")
+
+    # --- one instance -------------------------------------------------------------------------
+
+    def _event(self, kind: str, slot: ScheduledSlot, **fields) -> Event:
+        return Event(type=kind, cell=self.cell.cell, slot=slot.index, phase=slot.phase,
+                     task=slot.task_id, visit=slot.visit, exposure=slot.exposure, t=time.time(),
+                     **fields)
+
+    def _run_slot(self, slot: ScheduledSlot, learner: Learner, journal: EventLog,
+                  partial: list[Event]) -> None:
+        instance = slot.instance()
+        protocol = InstanceProtocol(instance, self.limits)
+        history: list[StepRecord] = []
+        usage = Usage()
+        if slot.wipe_before:
+            self._wipe()
+        if partial:
+            for event in partial:
+                if event.type != "step":
+                    continue
+                action = action_from_event(event)
+                outcome = protocol.step(action)
+                assert outcome_label(outcome) == event.outcome, (
+                    f"{self.events_path}: replay of slot {slot.index} step {event.step} disagrees")
+                history.append(StepRecord(action, outcome, event.reply or "", event.note or {}))
+                usage = usage + Usage(event.model_calls or 0, event.prompt_tokens or 0,
+                                      event.completion_tokens or 0, event.model_s or 0.0,
+                                      event.cost_usd or 0.0)
+            journal.append(self._event("resumed", slot, step=len(history), cost=protocol.cost))
+        else:
+            journal.append(self._event("instance_start", slot))
+        start = time.monotonic()
+        learner_error = None
+        step_no = len(history)
+        view = InstanceView(slot.task_id, instance.test_input, protocol.wrong,
+                            protocol.demos_used, tuple(history))
+        try:
+            learner.begin(view)
+            turns_after_over = 0
+            while not protocol.finished and step_no < MAX_TURNS:
+                if protocol.over:
+                    if not getattr(learner, "talks_after_verdict", False):
+                        break
+                    turns_after_over += 1
+                    if turns_after_over > MAX_TURNS_AFTER_OVER:
+                        break
+                turn = learner.act()
+                action = turn.action if turn.action is not None else extract_action(turn.text)
+                if time.monotonic() - start > self.limits.wall_clock_s:
+                    protocol.expire(f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded")
+                    break
+                outcome = protocol.step(action)
+                step_no += 1
+                usage = usage + turn.usage
+                journal.append(self._event(
+                    "step", slot, step=step_no,
+                    action=action.to_json() if isinstance(action, Action) else {"malformed": action.reason},
+                    reply=turn.text or None, outcome=outcome_label(outcome),
+                    message=getattr(outcome, "reason", None), note=turn.note or None,
+                    cost=protocol.cost, demos_used=protocol.demos_used,
+                    attempts_used=protocol.wrong, malformed=protocol.malformed,
+                    over=protocol.over, model_calls=turn.usage.calls,
+                    prompt_tokens=turn.usage.prompt_tokens,
+                    completion_tokens=turn.usage.completion_tokens,
+                    model_s=round(turn.usage.seconds, 4), cost_usd=turn.usage.usd))
+                learner.observe(outcome, protocol.wrong, protocol.demos_used)
+        except ModelUnavailable as exc:
+            learner_error = f"model unavailable: {exc}"
+        except Exception as exc:  # a learner bug must not take the run down; it fails the instance
+            learner_error = f"learner error: {type(exc).__name__}: {exc}"
+            log.exception("learner_error", cell=self.cell.cell, slot=slot.index)
+        if learner_error:
+            journal.append(self._event("learner_error", slot, error=learner_error[:2000]))
+            protocol.expire(learner_error[:300])
+        elif not protocol.over:
+            protocol.expire(f"the conversation ended after {step_no} turns without a verdict")
+        try:
+            learner.end(protocol.status.value == "solved")
+        except Exception as exc:
+            log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
+            journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
+        (self.transcripts / f"{slot.index:05d}.json").write_text(
+            json.dumps(learner.transcript(), indent=1))
+        self._snapshot(slot)
+        journal.append(self._event(
+            "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
+            reason=protocol.failure_reason, demos_used=protocol.demos_used,
+            attempts_used=protocol.wrong, malformed=protocol.malformed,
+            first_submit_demos=protocol.first_submit_demos,
+            first_answer_correct=protocol.first_answer_correct,
+            wall_s=round(time.monotonic() - start, 4), model_calls=usage.calls,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            model_s=round(usage.seconds, 4), cost_usd=usage.usd))

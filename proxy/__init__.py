@@ -1,0 +1,1 @@
+"""mitmproxy addon: allowlist, API-key injection, journal of every model call."""

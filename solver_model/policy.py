@@ -1,0 +1,189 @@
+"""The embedded solver model's policy: from a conversation state to the text of its next reply.
+
+Deterministic: the same state and effort give the same reply. The policy buys a demonstration
+pair while it holds none, or while the simplest programs consistent with the pairs disagree on
+the test input and few pairs are held; otherwise it submits the simplest program's output (or, in
+program mode, the program itself). With no consistent program and no pair left to buy it submits a
+fallback guess not yet judged incorrect, so an instance always moves toward its end.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from orchestrator.arc import Demo, Grid, as_grid, grid_json, grid_list
+from orchestrator.tasks.base import MAX_DEMOS
+from solver_model.conversation import PREDICTED_OUTPUT, ConversationState, Mode
+from solver_model.search import EFFORTS, Program, search
+
+SearchFn = Callable[..., list[Program]]
+
+REQUEST = '{"action": "request_demos"}'
+FINISH = '{"action": "finish"}'
+NOTHING_TO_ADD = "Nothing to add."
+
+# Among this many best candidates, two different test outputs mean the pairs are ambiguous.
+TOP_FEW = 3
+# While ambiguous, buy another pair until this many are held (more effort finds more look-alikes).
+PAIRS_WORTH_HOLDING = {"low": 2, "medium": 3, "high": 4}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The reply text and, when it rests on a program, that program's description."""
+
+    text: str
+    program_description: str | None = None
+
+
+def reply(state: ConversationState, effort: str, search: SearchFn = search) -> Reply:
+    """The model's next reply to the conversation read into `state`."""
+    if effort not in EFFORTS:
+        raise ValueError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
+    if state.mode is Mode.OTHER:
+        return Reply(NOTHING_TO_ADD)
+    if state.over:
+        return Reply(FINISH)
+    can_buy = state.demos_used < MAX_DEMOS and not state.demos_refused
+    if not state.pairs:
+        return Reply(REQUEST) if can_buy else _fallback(state)
+
+    wrong = state.wrong_grids
+    exclude = state.failed_programs if state.mode is Mode.PROGRAM else frozenset()
+    found = candidates(search, state.pairs, effort, state.test_input, exclude)
+    remaining = [(p, out) for p, out in found if out is None or out not in wrong]
+    top_outputs = {out for _, out in remaining[:TOP_FEW]}
+    if len(top_outputs) >= 2 and len(state.pairs) < PAIRS_WORTH_HOLDING[effort] and can_buy:
+        return Reply(REQUEST)
+    if remaining:
+        program, output = remaining[0]
+        if state.mode is Mode.PROGRAM:
+            return Reply(_program_text(program.source(), output), program.describe())
+        if output is not None:
+            return Reply(_submit_text(output), program.describe())
+    return Reply(REQUEST) if can_buy else _fallback(state)
+
+
+@functools.lru_cache(maxsize=256)
+def candidates(search: SearchFn, pairs: tuple[Demo, ...], effort: str, test_input: Grid | None,
+               exclude: frozenset[str]) -> tuple[tuple[Program, Grid | None], ...]:
+    """Programs consistent with `pairs`, simplest first, each with its test output (memoised).
+
+    Candidates whose test output cannot be computed are dropped when there is a test input.
+    """
+    found = []
+    seen: set[Grid] = set()
+    for program in search(pairs, effort, test_input, exclude=exclude):
+        if program.describe() in exclude:
+            continue
+        if test_input is None:
+            found.append((program, None))
+            continue
+        output = _run(program, test_input)
+        if output is not None and output not in seen:
+            seen.add(output)
+            found.append((program, output))
+    return tuple(found)
+
+
+def _run(program: Callable[[Grid], Grid | None], grid: Grid) -> Grid | None:
+    try:
+        output = program(grid)
+        return as_grid(output) if output is not None else None
+    # A candidate that fails on the test input is no answer; the reply must still be made.
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _submit_text(grid: Grid) -> str:
+    return f'{{"action": "submit", "grid": {grid_json(grid)}}}'
+
+
+def _program_text(source: str, output: Grid | None) -> str:
+    text = f"```python\n{source.rstrip()}\n```"
+    if output is not None:
+        text += f"\n{PREDICTED_OUTPUT} {grid_json(output)}"
+    return text
+
+
+# --- fallback guesses: used only when no program fits and no pair is left to buy -------------
+
+@dataclass(frozen=True)
+class Guess:
+    """A fixed guess at the test output, as the body of a Python function of `grid`."""
+
+    name: str
+    body: str
+
+    @functools.cached_property
+    def function(self) -> Callable[[list[list[int]]], list[list[int]]]:
+        namespace: dict = {}
+        exec(compile(f"def guess(grid):\n    {self.body}\n", f"<guess {self.name}>", "exec"),
+             namespace)
+        return namespace["guess"]
+
+    def __call__(self, grid: Grid) -> Grid:
+        return as_grid(self.function(grid_list(grid)))
+
+    def program_source(self, pairs: Sequence[Demo]) -> str:
+        """A transform(grid) that reproduces every pair by lookup and otherwise makes this guess."""
+        table = [[grid_list(d.input), grid_list(d.output)] for d in pairs]
+        return "\n".join([
+            f"# program: {self.program_description}",
+            f"PAIRS = {table!r}",
+            "",
+            "",
+            "def guess(grid):",
+            f"    {self.body}",
+            "",
+            "",
+            "def transform(grid):",
+            "    grid = [list(row) for row in grid]",
+            "    for pair_input, pair_output in PAIRS:",
+            "        if grid == pair_input:",
+            "            return [list(row) for row in pair_output]",
+            "    return guess(grid)",
+            "",
+        ])
+
+    @property
+    def program_description(self) -> str:
+        return f"fallback guess: demonstration lookup, else {self.name}"
+
+
+GUESSES: tuple[Guess, ...] = (
+    Guess("identity", "return [list(row) for row in grid]"),
+    Guess("flip left-right", "return [list(row)[::-1] for row in grid]"),
+    Guess("flip up-down", "return [list(row) for row in grid[::-1]]"),
+    Guess("rotate 180", "return [list(row)[::-1] for row in grid[::-1]]"),
+    Guess("transpose", "return [list(col) for col in zip(*grid)]"),
+    Guess("rotate 90 clockwise", "return [list(col) for col in zip(*grid[::-1])]"),
+    Guess("rotate 90 counter-clockwise", "return [list(col) for col in zip(*grid)][::-1]"),
+    Guess("anti-transpose", "return [list(col)[::-1] for col in zip(*grid)][::-1]"),
+) + tuple(Guess(f"fill with colour {c}", f"return [[{c}] * len(grid[0]) for _ in grid]")
+          for c in range(10))
+
+
+def _fallback(state: ConversationState) -> Reply:
+    """The first guess not yet judged incorrect (and, for programs, not yet failed)."""
+    base = state.test_input if state.test_input is not None else ((0,),)
+    wrong = state.wrong_grids
+    failed = state.failed_programs
+    for guess in GUESSES:
+        output = guess(base)
+        if output in wrong:
+            continue
+        if state.mode is Mode.PROGRAM:
+            if guess.program_description in failed:
+                continue
+            return Reply(_program_text(guess.program_source(state.pairs), output),
+                         guess.program_description)
+        return Reply(_submit_text(output), f"fallback guess: {guess.name}")
+    # Unreachable within 8 wrong answers (ten fills differ); still, always answer something.
+    guess = GUESSES[0]
+    if state.mode is Mode.PROGRAM:
+        return Reply(_program_text(guess.program_source(state.pairs), guess(base)),
+                     guess.program_description)
+    return Reply(_submit_text(guess(base)), f"fallback guess: {guess.name}")

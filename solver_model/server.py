@@ -1,0 +1,376 @@
+"""The embedded solver model behind an OpenAI-compatible HTTP endpoint (FastAPI + uvicorn).
+
+Routes (also served without the /v1 prefix, for clients configured with a bare base URL):
+- `GET /v1/models`: `carc-solver` and `carc-solver-low|medium|high`.
+- `POST /v1/chat/completions`: non-streaming and streaming (server-sent chunks); `tools` are
+  accepted but never called: the model answers in text.
+- `POST /v1/responses`: non-streaming only.
+
+Effort: the request's `reasoning_effort` (or `reasoning.effort`), else a `-low|-medium|-high`
+suffix of the model id, else the server default. Every completion reports the time spent reading
+the conversation and searching in `carc.search_ms` and the `x-carc-search-ms` header, so the
+orchestrator can tell model time from harness time.
+
+Token counts are deterministic: a token is a run of word characters or one other non-blank
+character (`count_tokens`), so `[[0,1]]` is 7 tokens. Prompt tokens count the text of every
+message, the JSON of any tool calls in them, and the JSON of the request's `tools`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from solver_model.conversation import message_text, read_conversation
+from solver_model.policy import SearchFn, reply
+from solver_model.search import EFFORTS
+
+MODEL = "carc-solver"
+MODEL_IDS = (MODEL,) + tuple(f"{MODEL}-{effort}" for effort in EFFORTS)
+EFFORT_ENV = "CARC_SOLVER_EFFORT"
+# Reasoning-effort values other OpenAI models accept, mapped onto the search's three levels.
+EFFORT_ALIASES = {"none": "low", "minimal": "low", "xhigh": "high"}
+STREAM_PIECES = 4
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def count_tokens(text: str) -> int:
+    """Deterministic token count: runs of word characters plus single other non-blank characters."""
+    return len(_TOKEN.findall(text))
+
+
+class RequestError(Exception):
+    """A request the server cannot serve; becomes an OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    def response(self) -> JSONResponse:
+        return _error(self.status, self.message, self.param, self.kind)
+
+
+def _error(status: int, message: str, param: str | None = None,
+           kind: str = "invalid_request_error") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def choose_effort(requested: str | None, model: str, default: str) -> str:
+    """The request's effort if given, else the model id's suffix, else the server default."""
+    if requested is not None:
+        effort = EFFORT_ALIASES.get(requested, requested)
+        if effort not in EFFORTS:
+            known = ", ".join(list(EFFORTS) + list(EFFORT_ALIASES))
+            raise RequestError(f"reasoning_effort {requested!r} is not supported; use one of {known}",
+                               "reasoning_effort")
+        return effort
+    for effort in EFFORTS:
+        if model.endswith(f"-{effort}"):
+            return effort
+    return default
+
+
+# --- request bodies ---------------------------------------------------------------------------
+
+class _Open(BaseModel):
+    # Clients send many optional OpenAI fields (temperature, top_p, user, ...); they are ignored.
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart | str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = False
+
+
+class Reasoning(_Open):
+    effort: str | None = None
+
+
+class ChatRequest(_Open):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    reasoning_effort: str | None = None
+    reasoning: Reasoning | None = None
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None  # accepted; a reply is never cut (a cut action is malformed)
+    max_completion_tokens: int | None = None
+    n: int | None = None
+
+
+class ResponsesRequest(_Open):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    reasoning: Reasoning | None = None
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+
+
+def _validate(model: type[BaseModel], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise RequestError(f"{param or 'body'}: {first['msg']}", param) from None
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+# --- the model's answer -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Answer:
+    """One reply of the model and what it cost to make."""
+
+    text: str
+    effort: str
+    mode: str
+    program: str | None
+    search_ms: float
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return count_tokens(self.text)
+
+    def usage(self) -> dict[str, int]:
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": total}
+
+    def carc(self) -> dict[str, Any]:
+        return {"effort": self.effort, "mode": self.mode, "program": self.program,
+                "search_ms": round(self.search_ms, 3)}
+
+    def headers(self) -> dict[str, str]:
+        return {"x-carc-search-ms": f"{self.search_ms:.3f}", "x-carc-effort": self.effort}
+
+
+def _answer(messages: Sequence[Mapping[str, Any]], effort: str, extra_prompt: Any,
+            search: SearchFn | None) -> Answer:
+    """Read the conversation and run the policy (CPU-bound: called in a worker thread)."""
+    start = time.perf_counter()
+    state = read_conversation(messages)
+    result = reply(state, effort) if search is None else reply(state, effort, search)
+    elapsed = (time.perf_counter() - start) * 1000
+    prompt = [message_text(m.get("content")) for m in messages]
+    prompt += [json.dumps(m["tool_calls"]) for m in messages if m.get("tool_calls")]
+    if extra_prompt:
+        prompt.append(json.dumps(extra_prompt))
+    return Answer(result.text, effort, state.mode.value, result.program_description, elapsed,
+                  sum(count_tokens(p) for p in prompt))
+
+
+def _pieces(text: str, count: int) -> list[str]:
+    size = max(1, math.ceil(len(text) / count))
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+def create_app(effort_default: str = "medium", search: SearchFn | None = None,
+               threads: int = 4) -> FastAPI:
+    """The FastAPI app. `search` replaces the real program search (tests inject one)."""
+    if effort_default not in EFFORTS:
+        raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="carc-solver")
+    ids = itertools.count(1)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="carc embedded solver model", lifespan=lifespan)
+    router = APIRouter()
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any) -> Answer:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(pool, _answer, messages, effort, extra_prompt, search)
+        except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
+            raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
+                               "server_error") from exc
+
+    @router.get("/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(m) for m in MODEL_IDS]}
+
+    @router.get("/models/{model_id}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id not in MODEL_IDS:
+            raise RequestError(f"model {model_id!r} does not exist; models: {', '.join(MODEL_IDS)}",
+                               "model", 404)
+        return _model_card(model_id)
+
+    @router.post("/chat/completions")
+    async def chat_completions(request: Request):
+        chat: ChatRequest = _validate(ChatRequest, await _json_body(request))
+        if chat.n not in (None, 1):
+            raise RequestError("n: only one choice per request is supported", "n")
+        requested = chat.reasoning_effort or (chat.reasoning.effort if chat.reasoning else None)
+        effort = choose_effort(requested, chat.model, effort_default)
+        messages = [m.model_dump(exclude_none=True) for m in chat.messages]
+        answer = await run(messages, effort, chat.tools)
+        number, created = next(ids), int(time.time())
+        completion_id = f"chatcmpl-carc-{number:06d}"
+        if not chat.stream:
+            return JSONResponse({
+                "id": completion_id, "object": "chat.completion", "created": created,
+                "model": chat.model, "system_fingerprint": None,
+                "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                             "message": {"role": "assistant", "content": answer.text,
+                                         "refusal": None}}],
+                "usage": answer.usage(), "carc": answer.carc(),
+            }, headers=answer.headers())
+        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(answer, completion_id, created, chat.model, include_usage),
+            media_type="text/event-stream",
+            headers={**answer.headers(), "cache-control": "no-cache"})
+
+    @router.post("/responses")
+    async def responses(request: Request):
+        body: ResponsesRequest = _validate(ResponsesRequest, await _json_body(request))
+        if body.stream:
+            raise RequestError("stream: streaming is not supported on /v1/responses; use "
+                               "/v1/chat/completions", "stream")
+        requested = body.reasoning.effort if body.reasoning else None
+        effort = choose_effort(requested, body.model, effort_default)
+        answer = await run(_responses_messages(body), effort, body.tools)
+        number, created = next(ids), int(time.time())
+        usage = answer.usage()
+        return JSONResponse({
+            "id": f"resp-carc-{number:06d}", "object": "response", "created_at": created,
+            "model": body.model, "status": "completed", "error": None, "incomplete_details": None,
+            "instructions": body.instructions, "metadata": {}, "parallel_tool_calls": False,
+            "tool_choice": "auto", "tools": [], "temperature": None, "top_p": None,
+            "reasoning": {"effort": effort, "summary": None},
+            "output": [{"type": "message", "id": f"msg-carc-{number:06d}", "status": "completed",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": answer.text,
+                                     "annotations": []}]}],
+            "usage": {"input_tokens": usage["prompt_tokens"],
+                      "output_tokens": usage["completion_tokens"],
+                      "total_tokens": usage["total_tokens"],
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}},
+            "carc": answer.carc(),
+        }, headers=answer.headers())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "effort_default": effort_default}
+
+    app.include_router(router, prefix="/v1")
+    app.include_router(router)
+    return app
+
+
+def _model_card(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "carc"}
+
+
+async def _stream(answer: Answer, completion_id: str, created: int, model: str,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """chat.completion.chunk events: role, content in a few pieces, stop, usage, [DONE]."""
+    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                 "model": model, "system_fingerprint": None, "choices": choices, **extra}
+        if include_usage and "usage" not in extra:
+            chunk["usage"] = None
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+    yield event(choice({"role": "assistant", "content": ""}))
+    for piece in _pieces(answer.text, STREAM_PIECES):
+        yield event(choice({"content": piece}))
+    yield event(choice({}, "stop"), carc=answer.carc())
+    if include_usage:
+        yield event([], usage=answer.usage())
+    yield "data: [DONE]\n\n"
+
+
+def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """Responses-API input items as chat messages (items without text the model reads are skipped)."""
+    messages: list[dict[str, Any]] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        messages.append({"role": "user", "content": body.input})
+        return messages
+    for index, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        if kind == "message" or "role" in item:
+            role = item.get("role")
+            if role not in ("system", "developer", "user", "assistant"):
+                raise RequestError(f"input.{index}.role: {role!r} is not a message role",
+                                   f"input.{index}.role")
+            messages.append({"role": role, "content": item.get("content")})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output")})
+    return messages
+
+
+def app_from_environment() -> FastAPI:
+    """App factory for uvicorn workers: the default effort comes from $CARC_SOLVER_EFFORT."""
+    return create_app(os.environ.get(EFFORT_ENV, "medium"))
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
+          workers: int = 1, log_level: str = "info") -> None:
+    """Run the server until interrupted; `workers` processes share the port (search is CPU-bound)."""
+    if effort_default not in EFFORTS:
+        raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    os.environ[EFFORT_ENV] = effort_default  # read by app_from_environment in every worker
+    uvicorn.run("solver_model.server:app_from_environment", factory=True, host=host, port=port,
+                workers=workers, log_level=log_level)

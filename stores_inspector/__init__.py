@@ -1,0 +1,1 @@
+"""Per-harness parsers of stores and session logs, plus the journal -> what was kept."""

@@ -1,0 +1,80 @@
+"""Grid files: validation errors name file, line and field; cells expand as the grid says."""
+
+import textwrap
+
+import pytest
+
+from orchestrator.grid_config import GridFileError, load_grid
+
+GOOD = """\
+name: t
+track: {name: own, tasks: 3, epilogue: 2}
+efforts: [low, medium]
+orders: [workstreams, random]
+learners:
+  - stateless-floor
+  - {learner: program-library, row: wiped}
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "grid.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_cells_are_learner_by_row_by_effort_by_order(tmp_path):
+    cells = load_grid(write(tmp_path, GOOD)).cells()
+    assert len(cells) == 2 * 2 * 2
+    ids = {c.cell for c in cells}
+    assert "program-library-wiped.medium.random.s0" in ids
+    assert "stateless-floor.low.workstreams.s0" in ids
+
+
+def test_unknown_learner_error_names_file_line_and_field(tmp_path):
+    path = write(tmp_path, GOOD.replace("  - stateless-floor", "  - stateles-floor"))
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    message = str(err.value)
+    assert f"{path}:6: learners[0]" in message and "unknown learner 'stateles-floor'" in message
+
+
+def test_bad_order_error_names_the_line_of_the_list_item(tmp_path):
+    path = write(tmp_path, GOOD.replace("[workstreams, random]", "\n  - workstreams\n  - blocked"))
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    assert f"{path}:6: orders[1]" in str(err.value)
+
+
+def test_unknown_key_is_refused_with_its_name(tmp_path):
+    path = write(tmp_path, GOOD + "effort: high\n")
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    assert f"{path}:8: effort: Extra inputs are not permitted" in str(err.value)
+
+
+def test_rearc_source_without_a_path_says_what_to_set(tmp_path):
+    path = write(tmp_path, GOOD.replace("{name: own, tasks: 3, epilogue: 2}", "{name: arc1, source: rearc}"))
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    assert "rearc_path" in str(err.value) and ":2: track" in str(err.value)
+
+
+def test_a_row_the_learner_does_not_have_is_refused(tmp_path):
+    path = write(tmp_path, GOOD.replace("row: wiped", "row: asked-to-store"))
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    assert "has no row 'asked-to-store'" in str(err.value)
+
+
+def test_missing_file_and_bad_yaml_are_reported_with_the_path(tmp_path):
+    with pytest.raises(GridFileError, match="cannot read grid file"):
+        load_grid(tmp_path / "nope.yaml")
+    with pytest.raises(GridFileError, match="not valid YAML"):
+        load_grid(write(tmp_path, "name: [unclosed\n"))
+
+
+def test_shipped_example_grids_validate():
+    for name in ("offline-demo", "paper-arc1"):
+        grid = load_grid(f"examples/{name}.yaml")
+        assert grid.cells()
