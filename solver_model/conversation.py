@@ -92,8 +92,8 @@ class ConversationState:
 _TASK_ID = re.compile(r"Task id:[ \t]*(\S+)")
 _TEST_INPUT = re.compile(r"Test input:")
 _DEMO = re.compile(r"^[ \t>*_-]*Demonstration[ \t]+(\d+)[ \t]+(input|output):", re.MULTILINE)
-_COUNTS = re.compile(r"used\s+(\d+)\s+of\s+\d+\s+attempts\s+and\s+(\d+)\s+of\s+\d+\s+demonstrations",
-                     re.IGNORECASE)
+_COUNTS = re.compile(
+    r"used\s+(\d+)\s+of\s+\d+\s+attempts\s+and\s+(\d+)\s+of\s+\d+\s+demonstrations", re.IGNORECASE)
 _VERDICT = re.compile(r"Verdict:\s*(correct|incorrect)\b", re.IGNORECASE)
 # "finish is refused until the instance is over" must not read as the end of the instance.
 _OVER = re.compile(r"(?<!until )\bthe instance is over\b", re.IGNORECASE)
@@ -146,7 +146,8 @@ class _Message:
 
 def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationState:
     """Read an OpenAI `messages` list into a `ConversationState`. Never raises on odd content."""
-    msgs = [_Message(_ROLES.get(str(m.get("role")), str(m.get("role"))), message_text(m.get("content")))
+    msgs = [_Message(_ROLES.get(str(m.get("role")), str(m.get("role"))),
+                     message_text(m.get("content")))
             for m in messages if isinstance(m, Mapping)]
     header = _instance_start(msgs)
     instance = msgs[header:] if header is not None else msgs

@@ -119,6 +119,7 @@ class Guess:
 
     @functools.cached_property
     def function(self) -> Callable[[list[list[int]]], list[list[int]]]:
+        # Compiled from the same body the program source carries, so the two cannot disagree.
         namespace: dict = {}
         exec(compile(f"def guess(grid):\n    {self.body}\n", f"<guess {self.name}>", "exec"),
              namespace)

@@ -80,8 +80,8 @@ def choose_effort(requested: str | None, model: str, default: str) -> str:
         effort = EFFORT_ALIASES.get(requested, requested)
         if effort not in EFFORTS:
             known = ", ".join(list(EFFORTS) + list(EFFORT_ALIASES))
-            raise RequestError(f"reasoning_effort {requested!r} is not supported; use one of {known}",
-                               "reasoning_effort")
+            raise RequestError(f"reasoning_effort {requested!r} is not supported; "
+                               f"use one of {known}", "reasoning_effort")
         return effort
     for effort in EFFORTS:
         if model.endswith(f"-{effort}"):
@@ -142,8 +142,23 @@ def _validate(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
+        param = ".".join(_field_path(first["loc"])) or None
         raise RequestError(f"{param or 'body'}: {first['msg']}", param) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _field_path(loc: Sequence[Any]) -> list[str]:
+    """The field path of a validation error, without pydantic's union member tags ("str", ...)."""
+    path = []
+    for part in loc:
+        tag = isinstance(part, str) and (part in _TYPE_TAGS
+                                         or not re.fullmatch(r"[a-z_][a-z0-9_]*", part))
+        if tag:
+            break
+        path.append(str(part))
+    return path
 
 
 async def _json_body(request: Request) -> Any:
@@ -339,7 +354,7 @@ async def _stream(answer: Answer, completion_id: str, created: int, model: str,
 
 
 def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
-    """Responses-API input items as chat messages (items without text the model reads are skipped)."""
+    """Responses-API input items as chat messages; items without text for the model are skipped."""
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
@@ -366,7 +381,10 @@ def app_from_environment() -> FastAPI:
 
 def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
           workers: int = 1, log_level: str = "info") -> None:
-    """Run the server until interrupted; `workers` processes share the port (search is CPU-bound)."""
+    """Run the server until interrupted; `workers` processes share the port (search is CPU-bound).
+
+    Blocks; stop it with SIGINT or SIGTERM.
+    """
     if effort_default not in EFFORTS:
         raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
     if workers < 1:

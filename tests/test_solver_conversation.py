@@ -120,14 +120,16 @@ def test_program_system_prompt_selects_program_mode():
 
 def test_harness_rules_about_program_files_with_json_actions_stay_action_mode():
     messages = opening()
-    messages.insert(1, told("Keep one file per task id with a Python transform(grid); run it first."))
+    rules = "Keep one file per task id with a Python transform(grid); run it first."
+    messages.insert(1, told(rules))
     assert read_conversation(messages).mode is Mode.ACTION
 
 
 def test_program_that_did_not_reproduce_and_program_judged_incorrect_both_count_as_failed():
     check_failed = PROMPTS.render("program_check_failed", details="pair 1 differs")
     messages = opening(program=True) + [
-        said("```python\n# program: flip up-down\ndef transform(grid):\n    return grid[::-1]\n```"),
+        said("```python\n# program: flip up-down\n"
+             "def transform(grid):\n    return grid[::-1]\n```"),
         told(check_failed),
         said("```python\n# program: recolour 1 to 9\ndef transform(grid):\n    return grid\n```\n"
              "Predicted test output: [[9, 9],\n [9, 9]]"),
@@ -153,7 +155,8 @@ def test_title_request_is_other_mode():
 
 def test_content_parts_multiline_grids_and_spaces_are_read():
     text = ("Task id: t-9\nDemonstration 1 input:\n[[5, 6],\n [7, 8]]\n"
-            "Demonstration 1 output:\n```json\n[ [6,5], [8,7] ]\n```\nTest input:\n  [[1, 2],\n[3, 4]]")
+            "Demonstration 1 output:\n```json\n[ [6,5], [8,7] ]\n```\n"
+            "Test input:\n  [[1, 2],\n[3, 4]]")
     messages = [{"role": "user", "content": [{"type": "text", "text": text},
                                              {"type": "image_url", "image_url": {"url": "x"}}]}]
     state = read_conversation(messages)

@@ -216,11 +216,12 @@ def test_unknown_effort_is_an_error():
 
 # --- whole instances through the real protocol ----------------------------------------------
 
-def flip_task_instance(rule, test_input: Grid) -> ArcInstance:
+def task_instance(rule, test_input: Grid) -> ArcInstance:
     inputs = [g([[1, 2, 3], [4, 5, 6]]), g([[0, 0, 7], [8, 0, 0]]), g([[9, 1], [2, 3], [4, 5]]),
               g([[6, 6, 1]]), g([[2], [3]]), g([[1, 0], [0, 2]]), g([[4, 4], [5, 6]]),
               g([[7, 8, 9, 0]])]
-    return ArcInstance("task", 0, test_input, rule(test_input), tuple(Demo(i, rule(i)) for i in inputs))
+    demos = tuple(Demo(i, rule(i)) for i in inputs)
+    return ArcInstance("task", 0, test_input, rule(test_input), demos)
 
 
 def play(instance: ArcInstance, search, effort: str = "medium", limit: int = 60):
@@ -249,13 +250,13 @@ def add_one(grid: Grid) -> Grid:
 
 
 def test_instance_with_a_rule_the_search_knows_is_solved_after_one_pair():
-    protocol = play(flip_task_instance(flip, g([[3, 1], [1, 2]])), fake_search)
+    protocol = play(task_instance(flip, g([[3, 1], [1, 2]])), fake_search)
     assert protocol.status is Status.SOLVED
     assert (protocol.demos_used, protocol.wrong) == (1, 0)
 
 
 def test_instance_with_a_rule_nobody_knows_still_ends_and_is_charged_the_budget():
-    protocol = play(flip_task_instance(add_one, g([[3, 1], [1, 2]])), fake_search)
+    protocol = play(task_instance(add_one, g([[3, 1], [1, 2]])), fake_search)
     assert protocol.status is Status.FAILED
     assert protocol.finished and protocol.cost == 16
     assert protocol.demos_used == 8 and protocol.wrong == 8
@@ -264,7 +265,7 @@ def test_instance_with_a_rule_nobody_knows_still_ends_and_is_charged_the_budget(
 def test_real_search_solves_a_flip_instance():
     from solver_model.search import search
 
-    protocol = play(flip_task_instance(flip, g([[3, 1, 0], [1, 2, 5]])), search, "low")
+    protocol = play(task_instance(flip, g([[3, 1, 0], [1, 2, 5]])), search, "low")
     assert protocol.status is Status.SOLVED
     assert protocol.wrong == 0
 
@@ -276,6 +277,6 @@ def test_real_search_instance_with_an_unknown_rule_still_ends():
         return tuple(tuple((c * 7 + r * 3 + k) % 10 for k, c in enumerate(row))
                      for r, row in enumerate(grid))
 
-    protocol = play(flip_task_instance(scramble, g([[3, 1], [1, 2]])), search, "low")
+    protocol = play(task_instance(scramble, g([[3, 1], [1, 2]])), search, "low")
     assert protocol.finished
     assert protocol.status is Status.FAILED

@@ -372,6 +372,7 @@ def render_symmetry_labels(labels: Mapping[str, tuple[str, ...]]) -> str:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "data" / "symmetry_labels.yaml"
+    shipped = Path(__file__).parents[1] / "data" / "symmetry_labels.yaml"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else shipped
     target.write_text(render_symmetry_labels(derive_symmetry_labels()))
     print(f"wrote {target}")

@@ -135,7 +135,10 @@ class Layout:
             top = rng.randint(0, self.height - height)
             left = rng.randint(0, self.width - width)
             if all(
-                top + height + margin <= t or t + h + margin <= top or left + width + margin <= l or l + w + margin <= left
+                top + height + margin <= t
+                or t + h + margin <= top
+                or left + width + margin <= l
+                or l + w + margin <= left
                 for t, l, h, w in self.boxes
             ):
                 self.boxes.append((top, left, height, width))

@@ -90,7 +90,8 @@ def _histogram(grid: Grid) -> Grid:
 
 
 def _objects(rng: random.Random, count: int, colours: list[int]) -> canvas.Board:
-    height, width = rng.randint(5, 12), rng.randint(5, 12)
+    low = 5 + count // 2  # room for the objects, so large counts are not mostly redrawn
+    height, width = rng.randint(low, 13), rng.randint(low, 13)
     layout = canvas.Layout(height, width)
     board = canvas.blank(height, width)
     for colour in colours[:count]:

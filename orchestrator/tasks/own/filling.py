@@ -66,10 +66,10 @@ def _fill_frames(grid: Grid) -> Grid:
     height, width = len(grid), len(grid[0])
     outside = canvas.outside_zeros(grid)
     board = canvas.thaw(grid)
-    holes = [b for b in canvas.blobs(tuple(
+    enclosed = tuple(
         tuple(1 if v == 0 and (r, c) not in outside else 0 for c, v in enumerate(row)) for r, row in enumerate(grid)
-    ), diagonal=False)]
-    for hole in holes:
+    )
+    for hole in canvas.blobs(enclosed, diagonal=False):
         walls = sorted(
             grid[r + dr][c + dc]
             for r, c in hole.cells
@@ -86,23 +86,26 @@ def _connect_dots_pair(rng: random.Random) -> Demo:
     before, after = canvas.blank(height, width), canvas.blank(height, width)
     used: set[canvas.Cell] = set()
     for colour in rng.sample(canvas.NONZERO, rng.randint(1, 4)):
-        if rng.random() < 0.5:
-            r = rng.randrange(height)
-            a, b = sorted(rng.sample(range(width), 2))
-            line = [(r, c) for c in range(a, b + 1)]
-        else:
-            c = rng.randrange(width)
-            a, b = sorted(rng.sample(range(height), 2))
-            line = [(r, c) for r in range(a, b + 1)]
-        if len(line) < 3:
-            raise Redraw
-        halo = {(r + dr, c + dc) for r, c in line for dr, dc in canvas.STEPS8} | set(line)
-        if halo & used:
-            raise Redraw
+        line = _free_line(rng, height, width, used)
         used.update(line)
         canvas.stamp(before, [line[0], line[-1]], colour)
         canvas.stamp(after, line, colour)
     return Demo(canvas.freeze(before), canvas.freeze(after))
+
+
+def _free_line(rng: random.Random, height: int, width: int, used: set[canvas.Cell]) -> list[canvas.Cell]:
+    """A row or column segment of at least 3 cells that neither touches nor crosses `used`."""
+    for _ in range(30):
+        if rng.random() < 0.5:
+            r, (a, b) = rng.randrange(height), sorted(rng.sample(range(width), 2))
+            line = [(r, c) for c in range(a, b + 1)]
+        else:
+            c, (a, b) = rng.randrange(width), sorted(rng.sample(range(height), 2))
+            line = [(r, c) for r in range(a, b + 1)]
+        halo = {(r + dr, c + dc) for r, c in line for dr, dc in canvas.STEPS8}
+        if len(line) >= 3 and not (halo | set(line)) & used:
+            return line
+    raise Redraw
 
 
 def _connect_dots(grid: Grid) -> Grid:
@@ -163,8 +166,9 @@ def _flood_rooms_pair(rng: random.Random) -> Demo:
     height, width = rng.randint(7, 15), rng.randint(7, 15)
     wall_rows = sorted(rng.sample(range(1, height - 1), rng.randint(1, 2)))
     wall_cols = sorted(rng.sample(range(1, width - 1), rng.randint(1, 2)))
-    if any(b - a < 2 for a, b in zip(wall_rows, wall_rows[1:])) or any(b - a < 2 for a, b in zip(wall_cols, wall_cols[1:])):
-        raise Redraw
+    for walls in (wall_rows, wall_cols):
+        if any(b - a < 2 for a, b in zip(walls, walls[1:])):  # two walls side by side leave no room
+            raise Redraw
     before = canvas.blank(height, width)
     for r in wall_rows:
         before[r] = [WALL] * width

@@ -17,7 +17,7 @@ SOLID, HOLLOW = 1, 2  # recolour-hollow-solid
 EDGE_COLOUR = 2  # recolour-border-objects
 
 
-def _board(rng: random.Random, low: int = 6, high: int = 14) -> tuple[int, int]:
+def _board(rng: random.Random, low: int = 7, high: int = 14) -> tuple[int, int]:
     return rng.randint(low, high), rng.randint(low, high)
 
 
@@ -122,7 +122,7 @@ def _largest_scaled(grid: Grid) -> Grid:
 
 
 def _hollow_solid_pair(rng: random.Random) -> Demo:
-    height, width = _board(rng, 7, 15)
+    height, width = _board(rng, 8, 15)
     layout = canvas.Layout(height, width)
     kinds = [rng.random() < 0.5 for _ in range(rng.randint(2, 5))]
     kinds[:2] = [True, False]
@@ -171,13 +171,15 @@ def _hollow_out(grid: Grid) -> Grid:
     return tuple(tuple(0 if v and inner(r, c) else v for c, v in enumerate(row)) for r, row in enumerate(grid))
 
 
+def _touches_edge(cells: list[canvas.Cell], at: canvas.Cell, height: int, width: int) -> bool:
+    box_h, box_w = canvas.extent(cells)
+    return at[0] == 0 or at[1] == 0 or at[0] + box_h == height or at[1] + box_w == width
+
+
 def _border_objects_pair(rng: random.Random) -> Demo:
     height, width = _board(rng)
     placed = _objects(rng, height, width, rng.randint(3, 6), max_side=4, colours=[GREY] * 6)
-    touching = [
-        at[0] == 0 or at[1] == 0 or at[0] + canvas.extent(cells)[0] == height or at[1] + canvas.extent(cells)[1] == width
-        for cells, _, at in placed
-    ]
+    touching = [_touches_edge(cells, at, height, width) for cells, _, at in placed]
     if all(touching) or not any(touching):
         raise Redraw
     recoloured = [(cells, EDGE_COLOUR if edge else GREY, at) for (cells, _, at), edge in zip(placed, touching)]

@@ -17,7 +17,9 @@ from orchestrator.tasks.own.registry import OwnTask
 def _small(rng: random.Random, low: int = 2, high: int = 6, colours: int | None = None) -> np.ndarray:
     height, width = rng.randint(low, high), rng.randint(low, high)
     palette = rng.sample(canvas.NONZERO, colours or rng.randint(1, 4))
-    return np.array(canvas.scatter(rng, height, width, palette, rng.uniform(0.3, 0.8)), dtype=int)
+    board = canvas.scatter(rng, height, width, palette, rng.uniform(0.3, 0.8))
+    canvas.ensure_colours(rng, board, palette[:1])
+    return np.array(board, dtype=int)
 
 
 def _pair(before: np.ndarray, after: np.ndarray) -> Demo:
