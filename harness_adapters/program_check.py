@@ -12,7 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_list
+from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
 
 DRIVER = r"""
 import json, sys
@@ -108,7 +108,8 @@ def check_program(source: str, pairs: list[Demo], test_input: Grid,
         if result.error:
             failures.append(f"Pair {number}: {result.error}")
         elif result.output != pair.output:
-            failures.append(f"Pair {number}: the output differs from the expected output.")
+            failures.append(f"Pair {number}: the output differs from the expected output; "
+                            f"the program returned {grid_json(result.output)[:2000]}")
     test = results[-1]
     if failures:
         return CheckResult(False, None, "\n".join(failures))
