@@ -138,7 +138,7 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
         with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=die_with_parent) as pool:
-            bars = {c.cell: progress.add_task(c.cell, total=None) for c in cells}
+            bars = {c.cell: progress.add_task(c.cell, total=None, start=False) for c in cells}
             futures = {pool.submit(_run_cell, str(grid_path), c.model_dump_json(),
                                    str(run_dir / "cells" / c.cell), base_url, events): c for c in cells}
             pending = set(futures)
@@ -165,4 +165,6 @@ def _drain(events, progress: Progress, bars: dict[str, int]) -> None:
             cell, done, total = events.get_nowait()
         except queue.Empty:
             return
+        # The clock of a cell starts with its first instance, not when it was queued.
+        progress.start_task(bars[cell])
         progress.update(bars[cell], completed=done, total=total)

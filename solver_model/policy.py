@@ -1,8 +1,8 @@
 """The embedded solver model's policy: from a conversation state to the text of its next reply.
 
 Deterministic: the same state and effort give the same reply. The policy buys a demonstration
-pair while it holds none, or while the simplest programs consistent with the pairs disagree on
-the test input and few pairs are held; otherwise it submits the simplest program's output (or, in
+pair while it holds none, or while the programs consistent with the pairs disagree widely on the
+test input and few pairs are held; otherwise it submits the simplest program's output (or, in
 program mode, the program itself). With no consistent program and no pair left to buy it submits a
 fallback guess not yet judged incorrect, so an instance always moves toward its end.
 """
@@ -24,10 +24,12 @@ REQUEST = '{"action": "request_demos"}'
 FINISH = '{"action": "finish"}'
 NOTHING_TO_ADD = "Nothing to add."
 
-# Among this many best candidates, two different test outputs mean the pairs are ambiguous.
-TOP_FEW = 3
-# While ambiguous, buy another pair until this many are held (more effort finds more look-alikes).
-PAIRS_WORTH_HOLDING = {"low": 2, "medium": 3, "high": 4}
+# Another pair is worth buying only while the candidates disagree widely: this many different
+# test outputs. On ARC-1 (training and evaluation, medium effort) buying on any disagreement cost
+# more than submitting the simplest; buying at 10 answers cost least and solved the most.
+WIDE_DISAGREEMENT = 10
+# ... and only until this many pairs are held (more effort finds more look-alikes).
+PAIRS_WORTH_HOLDING = {"low": 2, "medium": 2, "high": 3}
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,9 @@ def reply(state: ConversationState, effort: str, search: SearchFn = search) -> R
     exclude = state.failed_programs if state.mode is Mode.PROGRAM else frozenset()
     found = candidates(search, state.pairs, effort, state.test_input, exclude)
     remaining = [(p, out) for p, out in found if out is None or out not in wrong]
-    top_outputs = {out for _, out in remaining[:TOP_FEW]}
-    if len(top_outputs) >= 2 and len(state.pairs) < PAIRS_WORTH_HOLDING[effort] and can_buy:
+    answers = {out for _, out in remaining}
+    wide = len(answers) >= WIDE_DISAGREEMENT
+    if wide and len(state.pairs) < PAIRS_WORTH_HOLDING[effort] and can_buy:
         return Reply(REQUEST)
     if remaining:
         program, output = remaining[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -19,7 +19,8 @@ from orchestrator.protocol import Finished, InstanceProtocol, Malformed, Status,
 from orchestrator.tasks.base import ArcInstance
 from solver_model.conversation import (ConversationState, Feedback, Mode, ProgramAttempt,
                                        Submission, read_conversation)
-from solver_model.policy import FINISH, GUESSES, REQUEST, Guess, candidates, reply
+from solver_model.policy import (FINISH, GUESSES, PAIRS_WORTH_HOLDING, REQUEST, WIDE_DISAGREEMENT,
+                                 Guess, candidates, reply)
 
 PROMPTS = PromptSet.load()
 
@@ -74,6 +75,14 @@ def state(pairs=(), mode=Mode.ACTION, **fields) -> ConversationState:
                              **fields)
 
 
+def program_in(text: str) -> str:
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def predicted_in(text: str) -> Grid:
+    return as_grid(json.loads(text.split("Predicted test output:", 1)[1]))
+
+
 def submitted(text: str) -> Grid:
     action = extract_action(text)
     assert action.kind == "submit", text
@@ -100,26 +109,59 @@ def test_consistent_program_submits_its_test_output():
     assert result.program_description == "flip left-right"
 
 
-def test_candidates_disagreeing_with_few_pairs_request_another_pair():
+@dataclass(frozen=True)
+class ConstantProgram:
+    """A program that answers one fixed grid: stands in for look-alikes that fit every pair."""
+
+    answer: Grid
+
+    def __call__(self, grid: Grid) -> Grid | None:
+        return self.answer
+
+    def describe(self) -> str:
+        return f"answer {grid_list(self.answer)}"
+
+    def source(self) -> str:
+        return (f"# program: {self.describe()}\n\n"
+                f"def transform(grid):\n    return {grid_list(self.answer)}\n")
+
+
+def disagreeing_search(answers: int):
+    """A search finding `answers` programs, each answering a different grid, simplest [[0]]."""
+    programs = [ConstantProgram(g([[k % 10] * (1 + k // 10)])) for k in range(answers)]
+
+    def search(pairs, effort, test_input=None, exclude=()):
+        return [p for p in programs if p.describe() not in exclude]
+    return search
+
+
+def test_wide_disagreement_with_few_pairs_requests_another_pair():
+    assert reply(state([FLIP]), "medium", disagreeing_search(WIDE_DISAGREEMENT)).text == REQUEST
+
+
+def test_narrow_disagreement_submits_the_simplest_without_buying_a_pair():
     # identity and flip left-right both fit rows of one colour but differ on the test input.
-    assert reply(state(SYMMETRIC[:1]), "medium", fake_search).text == REQUEST
-
-
-def test_candidates_disagreeing_with_enough_pairs_submit_the_simplest():
-    result = reply(state(SYMMETRIC[:3]), "medium", fake_search)
+    result = reply(state(SYMMETRIC[:1]), "medium", fake_search)
     assert submitted(result.text) == TEST_INPUT
     assert result.program_description == "identity"
 
 
+def test_wide_disagreement_with_enough_pairs_submits_the_simplest():
+    pairs = SYMMETRIC[:PAIRS_WORTH_HOLDING["medium"]]
+    result = reply(state(pairs), "medium", disagreeing_search(WIDE_DISAGREEMENT))
+    assert submitted(result.text) == g([[0]])
+
+
 def test_low_effort_settles_for_fewer_pairs_than_high_effort():
     two = state(SYMMETRIC[:2])
-    assert reply(two, "low", fake_search).text != REQUEST
-    assert reply(two, "high", fake_search).text == REQUEST
+    search = disagreeing_search(WIDE_DISAGREEMENT)
+    assert reply(two, "low", search).text != REQUEST
+    assert reply(two, "high", search).text == REQUEST
 
 
-def test_ambiguity_with_no_pair_left_to_buy_submits_instead():
-    result = reply(state(SYMMETRIC[:1], demos_used=8), "medium", fake_search)
-    assert submitted(result.text) == TEST_INPUT
+def test_wide_disagreement_with_no_pair_left_to_buy_submits_instead():
+    result = reply(state([FLIP], demos_used=8), "medium", disagreeing_search(WIDE_DISAGREEMENT))
+    assert submitted(result.text) == g([[0]])
 
 
 def test_output_already_judged_incorrect_is_not_submitted_again():
@@ -184,16 +226,14 @@ def test_program_mode_fallback_reproduces_every_pair_and_guesses_something_new()
     current = state([UNEXPLAINED, FLIP], mode=Mode.PROGRAM, demos_used=8, programs=failed,
                     submissions=(Submission(TEST_INPUT, Feedback.INCORRECT),))
     result = reply(current, "medium", fake_search)
-    source = result.text.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
-    exec(source, namespace)  # our own generated program, as the program library would run it
+    exec(program_in(result.text), namespace)  # our own generated program, run as the library would
     for pair in current.pairs:
         assert namespace["transform"](grid_list(pair.input)) == grid_list(pair.output)
     guess = as_grid(namespace["transform"](grid_list(TEST_INPUT)))
     assert guess != TEST_INPUT
     assert result.program_description not in current.failed_programs
-    predicted = json.loads(result.text.split("Predicted test output:", 1)[1])
-    assert as_grid(predicted) == guess
+    assert predicted_in(result.text) == guess
 
 
 def test_same_state_gives_the_same_reply_and_searches_once():
@@ -280,3 +320,27 @@ def test_real_search_instance_with_an_unknown_rule_still_ends():
     protocol = play(task_instance(scramble, g([[3, 1], [1, 2]])), search, "low")
     assert protocol.finished
     assert protocol.status is Status.FAILED
+
+
+def test_real_search_program_passes_the_program_librarys_check_with_the_predicted_output():
+    """Integration: the real search and harness_adapters.program_check (a real subprocess)."""
+    from harness_adapters.program_check import check_program
+    from solver_model.search import search
+
+    instance = task_instance(flip, g([[3, 1, 0], [1, 2, 5]]))
+    current = replace(state(instance.demos[:2], mode=Mode.PROGRAM), test_input=instance.test_input)
+    result = reply(current, "low", search)
+    check = check_program(program_in(result.text), list(current.pairs), instance.test_input)
+    assert check.passed
+    assert check.test_output == predicted_in(result.text) == instance.test_output
+
+
+def test_program_mode_fallback_passes_the_program_librarys_check():
+    """Integration: harness_adapters.program_check runs the lookup fallback (a real subprocess)."""
+    from harness_adapters.program_check import check_program
+
+    current = state([UNEXPLAINED, FLIP], mode=Mode.PROGRAM, demos_used=8)
+    result = reply(current, "medium", fake_search)
+    check = check_program(program_in(result.text), list(current.pairs), TEST_INPUT)
+    assert check.passed
+    assert check.test_output == predicted_in(result.text)
