@@ -48,7 +48,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             execute(run_dir, workers)
         else:
             run_dir = start_run(grid, runs_dir, run_id, workers)
-    except (GridFileError, FileExistsError, ValueError) as exc:
+    except (GridFileError, FileExistsError, ValueError, RuntimeError) as exc:
         _fail(str(exc))
     console.print(f"run: {run_dir}")
     if report:

@@ -1,0 +1,100 @@
+"""Benchmark: the embedded solver model's first-exposure solve rate per effort.
+
+Plays one first-exposure instance per task through the real instance protocol, with the
+stateless floor's conversation and the model's own policy (in process: the same `reply` the
+server calls, without HTTP), and prints per source and effort: first answers correct, instances
+solved within the cap, mean budget share, mean pairs bought before the first submission, and
+seconds per instance.
+
+    python bench/solver.py [--sources own,arc1-frames] [--efforts low,medium,high] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from harness_adapters.chat_model import ChatReply, Usage
+from harness_adapters.stateless_floor import StatelessFloor
+from harness_adapters.base import InstanceView
+from orchestrator.prompts import PromptSet
+from orchestrator.protocol import InstanceProtocol, extract_action
+from solver_model.conversation import read_conversation
+from solver_model.policy import reply
+
+
+class InProcessSolver:
+    """The embedded model's policy behind the `ChatModel.complete` interface."""
+
+    def __init__(self, effort: str):
+        self.effort = effort
+
+    def complete(self, messages):
+        start = time.perf_counter()
+        text = reply(read_conversation(messages), self.effort).text
+        return ChatReply(text, Usage(1, 0, 0, time.perf_counter() - start, 0.0))
+
+
+def sources(names: list[str]):
+    from orchestrator.tasks.frames import FramedSource
+    from orchestrator.tasks.own_source import OwnSource
+    from orchestrator.tasks.public import arc1_tasks
+    for name in names:
+        if name == "own":
+            yield name, OwnSource()
+        elif name == "arc1-frames":
+            yield name, FramedSource(arc1_tasks("training"), name="arc1-frames")
+        else:
+            raise SystemExit(f"unknown source {name!r}; use own or arc1-frames")
+
+
+def play(learner: StatelessFloor, instance) -> InstanceProtocol:
+    protocol = InstanceProtocol(instance)
+    learner.begin(InstanceView(instance.task_id, instance.test_input))
+    while not protocol.over:
+        turn = learner.act()
+        outcome = protocol.step(extract_action(turn.text))
+        learner.observe(outcome, protocol.wrong, protocol.demos_used)
+    return protocol
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources", default="own,arc1-frames")
+    parser.add_argument("--efforts", default="low,medium,high")
+    parser.add_argument("--limit", type=int, default=0, help="at most N tasks per source (0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    console = Console()
+    table = Table(title="embedded solver model: first exposure, stateless floor")
+    for column in ("source", "effort", "tasks", "1st answer correct", "solved", "budget share",
+                   "pairs before 1st submit", "s / instance"):
+        table.add_column(column, justify="right")
+    prompts = PromptSet.load()
+    with TemporaryDirectory() as tmp:
+        for name, source in sources(args.sources.split(",")):
+            ids = source.task_ids()[: args.limit or None]
+            instances = [source.instance(t, 0, args.seed) for t in ids]
+            for effort in args.efforts.split(","):
+                learner = StatelessFloor(Path(tmp), prompts, InProcessSolver(effort))
+                start = time.perf_counter()
+                results = [play(learner, i) for i in track(instances, f"{name} {effort}", console=console)]
+                seconds = time.perf_counter() - start
+                n = len(results)
+                table.add_row(name, effort, str(n),
+                              f"{sum(bool(r.first_answer_correct) for r in results) / n:.1%}",
+                              f"{sum(r.status.value == 'solved' for r in results) / n:.1%}",
+                              f"{sum(r.budget_share for r in results) / n:.1%}",
+                              f"{sum(r.first_submit_demos or 0 for r in results) / n:.2f}",
+                              f"{seconds / n:.3f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
