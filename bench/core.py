@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--visits", type=int, default=4)
     parser.add_argument("--effort", default="low")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=160)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "grid.yaml").write_text(textwrap.dedent(f"""\

@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most N tasks per source (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=160)
     table = Table(title="embedded solver model: first exposure, stateless floor")
     for column in ("source", "effort", "tasks", "1st answer correct", "solved", "budget share",
                    "pairs before 1st submit", "s / instance"):
