@@ -198,7 +198,8 @@ def load_grid(path: Path | str) -> GridConfig:
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
             field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-            lines.append(f"{path}:{_line_of(root, loc)}: {field or '(top level)'}: {err['msg']}")
+            message = err['msg'].removeprefix('Value error, ')
+            lines.append(f"{path}:{_line_of(root, loc)}: {field or '(top level)'}: {message}")
         raise GridFileError("\n".join(lines)) from None
     base = path.parent
     for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts")):
