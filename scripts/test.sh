@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up and run the tests on a fresh machine (README command 2; .ci/run calls this).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Headless Chromium for the report's browser test (Debian's package; no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq chromium >/dev/null
+fi
+python3 -m pip install --quiet -e '.[test]'
+python3 -m pytest -q "$@"
