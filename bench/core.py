@@ -44,7 +44,7 @@ def main() -> None:
         for column in ("learner", "instances", "wall s", "model s", "model calls",
                        "overhead ms/instance", "overhead share", "instances/s"):
             table.add_column(column, justify="right")
-        with model_service(grid, tmp / "logs", workers=1) as base_url:
+        with model_service(grid, tmp / "logs") as (base_url,):
             for cell in grid.cells():
                 cell_dir = tmp / "cells" / cell.cell
                 start = time.perf_counter()

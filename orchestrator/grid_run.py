@@ -46,51 +46,75 @@ def free_port() -> int:
 
 
 @contextmanager
-def model_service(grid: GridConfig, log_dir: Path, workers: int = 2) -> Iterator[str]:
-    """The base URL learners use: the grid's endpoint, or a fresh embedded solver-model server."""
+def model_service(grid: GridConfig, log_dir: Path, servers: int = 1) -> Iterator[list[str]]:
+    """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
+
+    The embedded model is CPU-bound, so one single-process server per core is started (each dies
+    with this process); cells are spread over them.
+    """
     if grid.model.endpoint != EMBEDDED:
-        yield grid.model.endpoint.rstrip("/")
+        yield [grid.model.endpoint.rstrip("/")]
         return
-    port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    out = open(log_dir / "model-server.log", "ab")
-    cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-    base_url = f"http://127.0.0.1:{port}/v1"
+    procs, urls = [], []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the embedded model server exited with code {proc.returncode}; "
-                                   f"see {log_dir / 'model-server.log'}")
-            try:
-                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the embedded model server did not answer on {base_url} in 60 s")
-            time.sleep(0.2)
-        yield base_url
+        for number in range(servers):
+            port = free_port()
+            out = open(log_dir / f"model-server-{number}.log", "ab")
+            cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
+                   "127.0.0.1", "--port", str(port)]
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with_parent))
+            out.close()
+            urls.append(f"http://127.0.0.1:{port}/v1")
+        for proc, base_url in zip(procs, urls):
+            _wait_ready(proc, base_url, log_dir)
+        yield urls
     finally:
-        proc.terminate()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_ready(proc: subprocess.Popen, base_url: str, log_dir: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the embedded model server exited with code {proc.returncode}; "
+                               f"see the logs in {log_dir}")
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        out.close()
+            if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the embedded model server did not answer on {base_url} in 60 s")
+        time.sleep(0.2)
 
 
-def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str, events) -> str:
-    """Worker entry point: run one cell, reporting progress through `events`."""
+_progress_queue = None
+
+
+def _init_worker(progress_queue) -> None:
+    """Pool worker setup: die with the parent, and report progress through the shared queue."""
+    global _progress_queue
+    die_with_parent()
+    _progress_queue = progress_queue
+
+
+def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> str:
+    """Worker entry point: run one cell, reporting progress through the worker's queue."""
     from orchestrator.runner import CellRunner
 
     grid = load_grid(grid_path)
     cell = Cell.model_validate_json(cell_json)
 
     def progress(done: int, total: int) -> None:
-        events.put((cell.cell, done, total))
+        _progress_queue.put((cell.cell, done, total))
 
     CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
     return cell.cell
@@ -132,15 +156,17 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
     cells = grid.cells()
     workers = workers or min(grid.workers, len(cells))
     ctx = multiprocessing.get_context("spawn")
-    manager = ctx.Manager()
-    events = manager.Queue()
-    with model_service(grid, run_dir / "logs", workers=max(1, min(2, os.cpu_count() or 1))) as base_url:
+    events = ctx.Queue()
+    servers = max(1, min(workers, os.cpu_count() or 1))
+    with model_service(grid, run_dir / "logs", servers) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
-        with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=die_with_parent) as pool:
+        with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                           initargs=(events,)) as pool:
             bars = {c.cell: progress.add_task(c.cell, total=None, start=False) for c in cells}
             futures = {pool.submit(_run_cell, str(grid_path), c.model_dump_json(),
-                                   str(run_dir / "cells" / c.cell), base_url, events): c for c in cells}
+                                   str(run_dir / "cells" / c.cell), urls[k % len(urls)]): c
+                       for k, c in enumerate(cells)}
             pending = set(futures)
             failures = []
             while pending:
@@ -154,7 +180,6 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
                         failures.append(f"{futures[future].cell}: {type(exc).__name__}: {exc}")
                 time.sleep(0.1)
             _drain(events, progress, bars)
-    manager.shutdown()
     if failures:
         raise RuntimeError("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
 
