@@ -83,7 +83,7 @@ def grid_check(grid: Path) -> None:
 
 @app.command("report")
 def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
-    """Write RUN/report.md from the run's records."""
+    """Write RUN/report.md and RUN/report.html (tables and figures) from the run's records."""
     from orchestrator.report import write_report
     if not (run / "cells").is_dir():
         _fail(f"{run}: not a run directory (no cells/)")

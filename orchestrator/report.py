@@ -1,5 +1,6 @@
-"""The first report of a run: `carc report RUN` reads the run directory, hands the finished
-instances to `orchestrator.analysis`, and writes `RUN/report.md` (markdown tables, percent).
+"""The report of a run: `carc report RUN` reads the run directory, hands the finished instances
+to `orchestrator.analysis`, and writes `RUN/report.md` (markdown tables, percent) and
+`RUN/report.html` (the same tables, sortable, plus the figures of `orchestrator.plots`).
 
 The file edge of the analysis: reading cells and event logs happens here, every number is
 computed there.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from orchestrator import analysis
+from orchestrator import analysis, plots, report_html
 from orchestrator.records import Event, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
@@ -87,13 +88,20 @@ def pct_ci(mean: float, lo: float, hi: float, signed: bool = False) -> str:
     return f"{pct(mean, signed)} [{pct(lo, signed)}, {pct(hi, signed)}]"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: int = 1) -> str:
-    """A markdown table: the first `text_columns` left-aligned, the numbers right-aligned."""
+def _table(frame: pd.DataFrame) -> str:
+    """A markdown table of a display frame: text columns left-aligned, numbers right-aligned."""
+    headers = [str(c) for c in frame.columns]
     lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join(" --- " if k < text_columns else " ---: " for k in range(len(headers)))
-             + "|"]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+             "|" + "|".join(" ---: " if _numeric(frame.iloc[:, k]) else " --- "
+                            for k in range(len(headers))) + "|"]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |"
+              for row in frame.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def _numeric(column: pd.Series) -> bool:
+    """Whether a column holds numbers (a dash standing in for the unknown ones)."""
+    return all(v == DASH or report_html.sort_key(v) is not None for v in column)
 
 
 def _number(x: float, digits: int = 0) -> str:
@@ -101,6 +109,15 @@ def _number(x: float, digits: int = 0) -> str:
 
 
 # --- sections -----------------------------------------------------------------------------------
+# Each section is (intro, display frame): the same cells, already formatted, make the markdown
+# table and the HTML one, so the two files cannot disagree on a number.
+
+CELLS = "Per cell (stream)"
+EXPOSURE = "Budget against exposure index"
+FLOOR_DIFFERENCE = "Paired difference from the stateless floor"
+TRANSFER = "Forward transfer"
+PROGRESS = "In progress"
+
 
 def _how_to_read(resamples: int, seed: int) -> str:
     return (
@@ -114,7 +131,12 @@ def _how_to_read(resamples: int, seed: int) -> str:
         "compute, not part of the score.")
 
 
-def _cells_section(table: pd.DataFrame) -> str:
+def _frame(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
+    return pd.DataFrame([[str(v) for v in row] for row in rows], columns=list(headers),
+                        dtype=object)
+
+
+def _cells_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     headers = ["cell", "budget share %", "solved share %", "instances",
                "pairs before 1st submit", "1st answer correct %", "model calls", "tokens",
                "model s"]
@@ -122,75 +144,304 @@ def _cells_section(table: pd.DataFrame) -> str:
              pct_ci(r.solved, r.solved_lo, r.solved_hi), r.n, _number(r.first_submit_demos, 2),
              pct(r.first_answer_correct), _number(r.model_calls), _number(r.tokens),
              _number(r.model_s, 1)] for r in table.itertuples()]
-    return ("## Per cell (stream)\n\nStream instances only; the epilogue and the fresh reference "
-            "are under forward transfer.\n\n" + _table(headers, rows))
+    return ("Stream instances only; the epilogue and the fresh reference are under forward "
+            "transfer.", _frame(headers, rows))
 
 
-def _exposure_section(table: pd.DataFrame) -> str:
+def _exposure_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     headers = ["cell", *(str(k) for k in table.columns)]
     rows = [[cell, *(pct(v) for v in values)] for cell, values in zip(table.index, table.to_numpy())]
-    return ("## Budget against exposure index\n\nMean budget share (%) of stream instances by the "
-            "number of times the task was met before (0 = first meeting). A stateless learner is "
-            "flat; a cache of examples steps down once at exposure 1; learning shows as falling "
-            "below that step.\n\n" + _table(headers, rows))
+    return ("Mean budget share (%) of stream instances by the number of times the task was met "
+            "before (0 = first meeting). A stateless learner is flat; a cache of examples steps "
+            "down once at exposure 1; learning shows as falling below that step.",
+            _frame(headers, rows))
 
 
-def _floor_section(table: pd.DataFrame) -> str:
-    head = ("## Paired difference from the stateless floor\n\nBudget share of the cell minus that "
-            "of the stateless floor with the same track, model, effort, order and seed, slot by "
-            "slot, in points of budget; negative is a saving.\n\n")
+def _floor_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    head = ("Budget share of the cell minus that of the stateless floor with the same track, "
+            "model, effort, order and seed, slot by slot, in points of budget; negative is a "
+            "saving.")
+    headers = ["cell", "stateless floor", "difference (points)", "pairs"]
     if table.empty:
-        return head + "No cell has a stateless-floor cell on its schedule."
+        return head + "\n\nNo cell has a stateless-floor cell on its schedule.", _frame(headers, [])
     rows = [[r.cell, r.floor, pct_ci(r.mean, r.lo, r.hi, signed=True), r.pairs]
             for r in table.itertuples()]
-    return head + _table(["cell", "stateless floor", "difference (points)", "pairs"], rows,
-                         text_columns=2)
+    return head, _frame(headers, rows)
 
 
-def _transfer_section(table: pd.DataFrame) -> str:
-    head = ("## Forward transfer\n\nBudget share on the held-out epilogue after the stream minus "
-            "the fresh reference (the same instances, state wiped before each), paired by task, "
-            "in points; negative means the lifetime helped.\n\n")
+def _transfer_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    head = ("Budget share on the held-out epilogue after the stream minus the fresh reference "
+            "(the same instances, state wiped before each), paired by task, in points; negative "
+            "means the lifetime helped.")
+    headers = ["cell", "epilogue %", "fresh reference %", "epilogue − fresh (points)", "tasks"]
     if table.empty:
-        return head + "No cell has finished both the epilogue and the fresh reference on a task."
+        return (head + "\n\nNo cell has finished both the epilogue and the fresh reference on a "
+                "task.", _frame(headers, []))
     rows = [[r.cell, pct(r.epilogue), pct(r.fresh), pct_ci(r.mean, r.lo, r.hi, signed=True),
              r.tasks] for r in table.itertuples()]
-    return head + _table(["cell", "epilogue %", "fresh reference %",
-                          "epilogue − fresh (points)", "tasks"], rows)
+    return head, _frame(headers, rows)
 
 
-def _progress_section(unfinished: pd.Series) -> str:
+def _progress_section(unfinished: pd.Series) -> tuple[str, pd.DataFrame]:
     rows = [[cell, count] for cell, count in unfinished.items() if count > 0]
-    return ("## In progress\n\nInstances started but not finished; they are left out of every "
-            "number above.\n\n" + _table(["cell", "unfinished instances"], rows))
+    return ("Instances started but not finished; they are left out of every number above.",
+            _frame(["cell", "unfinished instances"], rows))
+
+
+def display_frame(table: pd.DataFrame, shares: Collection[str] = (),
+                  signed: Collection[str] = ()) -> pd.DataFrame:
+    """A raw analysis table as report cells: a number column `x` with `x_lo` and `x_hi` beside
+    it (or `mean` with `lo` and `hi`, or `x_mean` with `x_lo` and `x_hi`) becomes one
+    `x [lo, hi]` column; the columns named in `shares` are percent (`signed` ones as +/-
+    points); other integers get thousands separators, other numbers two decimals, booleans
+    yes/no, text stays; a meaningful index becomes the first column."""
+    table = report_html.flat(table).rename(columns=str)
+    columns = list(table.columns)
+
+    def bounds(name: str) -> tuple[str, str] | None:
+        if not pd.api.types.is_numeric_dtype(table[name]):
+            return None  # `twin` names a cell; `twin_mean` is the number `twin_lo` bounds
+        for pair in ((f"{name}_lo", f"{name}_hi"), ("lo", "hi") if name == "mean" else (),
+                     (f"{name[:-5]}_lo", f"{name[:-5]}_hi") if name.endswith("_mean") else ()):
+            if pair and all(p in columns for p in pair):
+                return pair
+        return None
+
+    hidden = {p for c in columns if bounds(c) for p in bounds(c)}
+    out = {}
+    for name in columns:
+        if name in hidden:
+            continue
+        values, pair = table[name], bounds(name)
+        if pair and name in shares:
+            out[name] = [pct_ci(v, lo, hi, signed=name in signed)
+                         for v, lo, hi in zip(values, table[pair[0]], table[pair[1]])]
+        elif pair:
+            out[name] = [DASH if _missing(v) else
+                         f"{_number(v, 2)} [{_number(lo, 2)}, {_number(hi, 2)}]"
+                         for v, lo, hi in zip(values, table[pair[0]], table[pair[1]])]
+        elif name in shares:
+            out[name] = [pct(v, signed=name in signed) for v in values]
+        elif pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            out[name] = [_number(v) for v in values]
+        elif pd.api.types.is_float_dtype(values):
+            out[name] = [_number(v, 2) for v in values]
+        else:
+            out[name] = [report_html.format_value(v) for v in values]
+    return pd.DataFrame(out, columns=list(out), dtype=object)
+
+
+# The tables of `analysis.run_measures` beyond the first report's four: key -> (title, intro).
+# A key not listed here is still shown, titled by its key, so a new table is never dropped.
+MEASURES = {
+    "gap": ("Budget against the gap since last seen",
+            "Mean budget share (%) of returning stream instances by how many instances ago the "
+            "cell last served the task; forgetting shows as a rise with the gap."),
+    "pooled": ("Per cell group, pooled over stream orders",
+               "Every stream instance of every order of a cell group (the cell without its "
+               "order), with the bootstrap over tasks across orders."),
+    "twins": ("Paired difference from the memory-off twin and the demo-cache floor",
+              "Budget share of the cell minus its memory-off twin's (the wiped row for the "
+              "program library) and minus the demo-cache floor's on the same schedule, slot by "
+              "slot, in points; negative is a saving."),
+    "twins_pooled": ("Paired differences, pooled over stream orders",
+                     "The twin and demo-cache differences with the slot pairs of every order "
+                     "pooled, per cell group, in points."),
+    "clbench": ("CL-Bench", "CL-Bench's measures on these records (`orchestrator.clbench`): "
+                "memory-on as the stateful system, its memory-off twin as the stateless one."),
+    "clbench_pooled": ("CL-Bench, pooled over stream orders", "As above, per cell group."),
+    "pathbench": ("PATH-Bench", "PATH-Bench's AP, FWT, BWT and FGT on these records "
+                  "(`orchestrator.pathbench`), each task's visits as a probe trajectory."),
+    "pathbench_pooled": ("PATH-Bench, pooled over stream orders", "As above, per cell group."),
+}
+SHOWN_FIRST = ("cells", "exposure", "floor", "transfer")  # the first report's own sections
+SHARES = {"budget", "solved", "failed", "first_answer_correct", "cost0_returning"}
+POINTS = {"mean", "twin_mean", "demo_cache_mean"}  # differences of shares, signed
+_POOLED_SHOWN = ["group", "orders", "cells", "n", "tasks", "budget", "solved", "failed",
+                 "first_answer_correct", "first_submit_demos", "cost0_returning", "model_calls",
+                 "tokens", "model_s"]
+# column -> header, in the first report's words
+HEADERS = {"n": "instances", "budget": "budget share %", "solved": "solved share %",
+           "failed": "failed %", "first_answer_correct": "1st answer correct %",
+           "first_submit_demos": "pairs before 1st submit",
+           "cost0_returning": "cost-0 returning %", "model_calls": "model calls",
+           "model_s": "model s", "twin_mean": "minus twin (points)", "twin_pairs": "twin pairs",
+           "demo_cache": "demo-cache floor", "demo_cache_mean": "minus demo cache (points)",
+           "demo_cache_pairs": "demo-cache pairs"}
+
+
+def _gap_wide(table: pd.DataFrame) -> pd.DataFrame:
+    """`analysis.gap_table` (a row per cell and bin) as the exposure table is: a row per cell,
+    a column per gap bin, budget share in percent."""
+    wide = table.pivot(index="cell", columns="gap", values="budget")
+    wide = wide.reindex(index=list(dict.fromkeys(table["cell"])),
+                        columns=list(dict.fromkeys(table["gap"])))
+    return display_frame(wide.rename_axis(columns=None), shares=set(wide.columns))
+
+
+def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
+                            ) -> dict[str, tuple[str, pd.DataFrame]]:
+    """The sections of `analysis.run_measures` tables that the first report does not show
+    (`MEASURES`, then any other key), as title -> (intro, display frame): shares in percent,
+    differences in signed points with their intervals, like the sections above."""
+    sections = {}
+    for key, table in tables.items():
+        if key in SHOWN_FIRST:
+            continue
+        title, intro = MEASURES.get(key, (key.replace("_", " ").capitalize(), ""))
+        if table.empty:
+            sections[title] = ((intro + "\n\n" if intro else "") + "No rows on these records.",
+                               pd.DataFrame())
+        elif key == "gap":
+            sections[title] = (intro, _gap_wide(table))
+        else:
+            if key == "pooled":
+                table = table[[c for c in table.columns if c in _POOLED_SHOWN
+                               or c.endswith(("_lo", "_hi"))]]
+            elif key.startswith("twins"):
+                table = table.drop(columns=["label", "learner", "row"], errors="ignore")
+            shown = display_frame(table, shares=SHARES | POINTS, signed=POINTS)
+            sections[title] = (intro, shown.rename(columns=HEADERS))
+    return sections
+
+
+def measure_sections(frame: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
+                     rng: np.random.Generator, resamples: int
+                     ) -> dict[str, tuple[str, pd.DataFrame]]:
+    """The sections of the measures beyond the first report (gap, pooled, twins, CL-Bench,
+    PATH-Bench), title -> (intro, display frame), shown after forward transfer."""
+    return measure_tables_sections(analysis.run_measures(frame, cells, rng, resamples))
+
+
+def report_sections(result: analysis.RunAnalysis, unfinished: pd.Series,
+                    measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None
+                    ) -> dict[str, tuple[str, pd.DataFrame]]:
+    """The sections of a report in order, title -> (intro, display frame); a run with no
+    finished instance has only the in-progress section."""
+    sections: dict[str, tuple[str, pd.DataFrame]] = {}
+    if not result.cells.empty:
+        sections[CELLS] = _cells_section(result.cells)
+        sections[EXPOSURE] = _exposure_section(result.exposure)
+        sections[FLOOR_DIFFERENCE] = _floor_section(result.floor_differences)
+        sections[TRANSFER] = _transfer_section(result.forward_transfer)
+        sections.update(measures or {})
+    if (unfinished > 0).any():
+        sections[PROGRESS] = _progress_section(unfinished)
+    return sections
+
+
+def _title(run_id: str, grid_name: str | None) -> str:
+    return f"carc report: run {run_id}" + (f", grid {grid_name}" if grid_name else "")
+
+
+def _intro(result: analysis.RunAnalysis, resamples: int, seed: int) -> str:
+    text = _how_to_read(resamples, seed)
+    return text + ("\n\nNo finished instance yet." if result.cells.empty else "")
 
 
 def render_report(run_id: str, grid_name: str | None, result: analysis.RunAnalysis,
-                  unfinished: pd.Series, resamples: int, seed: int) -> str:
+                  unfinished: pd.Series, resamples: int, seed: int,
+                  measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
     """The markdown text of a report."""
-    title = f"# carc report: run {run_id}" + (f", grid {grid_name}" if grid_name else "")
-    parts = [title, _how_to_read(resamples, seed)]
-    if result.cells.empty:
-        parts.append("No finished instance yet.")
-    else:
-        parts += [_cells_section(result.cells), _exposure_section(result.exposure),
-                  _floor_section(result.floor_differences),
-                  _transfer_section(result.forward_transfer)]
-    if (unfinished > 0).any():
-        parts.append(_progress_section(unfinished))
+    parts = ["# " + _title(run_id, grid_name), _intro(result, resamples, seed)]
+    for name, (intro, frame) in report_sections(result, unfinished, measures).items():
+        parts.append("\n\n".join([f"## {name}", *([intro] if intro else []),
+                                    *([] if frame.empty else [_table(frame)])]))
     return "\n\n".join(parts) + "\n"
 
 
+# --- figures -------------------------------------------------------------------------------------
+
+_FIGURE_STREAM = 1  # the figures draw from their own generator, so tables never shift with them
+_DESCRIBED = 12  # alt text names each cell's numbers up to this many cells
+
+
+def _curve_alt(kind: str, curves: pd.DataFrame, axis: str, ticks: Mapping[int, str]) -> str:
+    cells = list(dict.fromkeys(curves["cell"]))
+    alt = (f"{kind}: mean budget share (%) against {axis}, one line per cell ({len(cells)} "
+           + ("cells), with 95% bootstrap intervals over tasks as error bars."
+              if len(cells) <= plots.LEGEND_MAX else "cells, thin lines without intervals)."))
+    if len(cells) <= _DESCRIBED:
+        for cell_id in cells:
+            c = curves[curves["cell"] == cell_id]
+            first, last = c.iloc[0], c.iloc[-1]
+            alt += (f" {first['name']}: {pct(first['budget'])} at {ticks[int(first['x'])]}, "
+                    f"{pct(last['budget'])} at {ticks[int(last['x'])]}.")
+    return alt
+
+
+def report_figures(frame: pd.DataFrame, result: analysis.RunAnalysis, rng: np.random.Generator,
+                   resamples: int) -> list[report_html.Figure]:
+    """The report's figures: budget against exposure and against the gap since last seen (after
+    the exposure table), savings against the stateless floor (after its table), and compute
+    against budget share (after the per-cell table). None without a finished stream instance."""
+    if result.cells.empty or not (frame["phase"] == "stream").any():
+        return []
+    exposure = plots.exposure_curves(frame, rng, resamples)
+    exposure_ticks = {int(x): str(int(x)) for x in exposure["x"]}
+    figures = [report_html.Figure(
+        "Budget against exposure index", plots.budget_by_exposure(exposure),
+        _curve_alt("Line chart", exposure, "exposure index", exposure_ticks),
+        "Stream instances; error bars are 95% bootstrap intervals over tasks, drawn per "
+        "exposure.", section=EXPOSURE)]
+    gaps = plots.gap_curves(frame, rng, resamples)
+    if not gaps.empty:
+        gap_ticks = {int(x): plots.gap_label(int(x)) for x in gaps["x"]}
+        figures.append(report_html.Figure(
+            "Budget against the gap since last seen", plots.budget_by_gap(gaps),
+            _curve_alt("Line chart", gaps, "the number of instances since the task was last "
+                       "seen, in bins 1, 2–3, 4–7, ...", gap_ticks),
+            "Returning stream instances (exposure 1 and up) by how many instances ago the task "
+            "was last served, in doubling bins.", section=EXPOSURE))
+    differences = result.floor_differences
+    if not differences.empty:
+        alt = ("Dot plot: the slot-paired difference in budget share from the stateless floor, "
+               f"in points, for {len(differences)} cells, with 95% intervals; negative is a "
+               "saving.")
+        if len(differences) <= _DESCRIBED:
+            alt += "".join(f" {r.cell}: {pct_ci(r.mean, r.lo, r.hi, signed=True)}."
+                           for r in differences.itertuples())
+        figures.append(report_html.Figure(
+            "Savings against the stateless floor", plots.savings_against_floor(differences), alt,
+            "Left of the dashed line is a saving.", section=FLOOR_DIFFERENCE))
+    cells = result.cells[result.cells["n"] > 0]
+    unit = "tokens" if cells["tokens"].sum() > 0 else "model seconds"
+    alt = (f"Scatter: {unit} per stream instance against budget share (%) for {len(cells)} "
+           "cells, with 95% intervals on budget share.")
+    if len(cells) <= _DESCRIBED:
+        alt += "".join(
+            f" {r.cell}: {_number((r.tokens if unit == 'tokens' else r.model_s) / r.n, 1)} "
+            f"{unit} per instance at {pct(r.budget)}%." for r in cells.itertuples())
+    figures.append(report_html.Figure(
+        "Compute against budget share", plots.compute_against_budget(result.cells), alt,
+        "Compute is logged, not scored: a cell can buy a lower budget share with more model "
+        "work.", section=CELLS))
+    return figures
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def write_report(run_dir: Path, seed: int = 0, resamples: int = analysis.RESAMPLES) -> Path:
-    """Read the run in `run_dir`, analyse it and write `run_dir/report.md`; returns that path."""
+    """Read the run in `run_dir`, analyse it and write `run_dir/report.md` and
+    `run_dir/report.html` (the same tables plus the figures, one self-contained file); returns
+    the markdown path."""
     run_dir = Path(run_dir)
     cells, events = load_run(run_dir)
     frame = analysis.instances_frame(events, cells)
-    result = analysis.analyse(frame, cells, np.random.default_rng(seed), resamples)
-    text = render_report(run_dir.resolve().name, _grid_name(run_dir), result,
-                         analysis.unfinished_instances(events), resamples, seed)
+    rng = np.random.default_rng(seed)
+    result = analysis.analyse(frame, cells, rng, resamples)
+    measures = measure_sections(frame, cells, rng, resamples)
+    unfinished = analysis.unfinished_instances(events)
+    run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = run_dir / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, measures))
+    figures = report_figures(frame, result, np.random.default_rng([seed, _FIGURE_STREAM]),
+                             resamples)
+    _write(run_dir / "report.html", report_html.render_html(
+        _title(run_id, grid_name), _intro(result, resamples, seed),
+        report_sections(result, unfinished, measures), figures))
     return path

@@ -1,5 +1,6 @@
 """The analysis (SPEC section 8) on hand-computed toys: cluster bootstrap over tasks, paired
-slot-by-slot differences, budget against exposure, forward transfer, and its speed."""
+slot-by-slot differences, budget against exposure and against the gap since last seen, the
+per-cell measures, pooling over orders, memory-off twins, forward transfer, and its speed."""
 
 import time
 
@@ -11,15 +12,17 @@ from hypothesis import strategies as st
 
 from orchestrator import analysis
 from orchestrator.analysis import (analyse, bootstrap_mean_ci, cell_table, differences_from_floor,
-                                   exposure_table, forward_transfer, instances_frame,
-                                   paired_difference, unfinished_instances)
+                                   exposure_table, forward_transfer, gap_table, instances_frame,
+                                   paired_difference, pooled_table, run_measures, task_bootstrap,
+                                   twin_cells, twin_table, unfinished_instances)
 from orchestrator.records import Event
 
 
-def settings_of(learner: str, effort: str = "medium", row: str = "memory-on", seed: int = 0) -> dict:
+def settings_of(learner: str, effort: str = "medium", row: str = "memory-on", seed: int = 0,
+                order: str = "workstreams") -> dict:
     label = learner if row == "memory-on" else f"{learner}-{row}"
-    return {"cell": f"{label}.{effort}.workstreams.s{seed}", "label": label, "learner": learner,
-            "row": row, "model": "carc-solver", "effort": effort, "order": "workstreams",
+    return {"cell": f"{label}.{effort}.{order}.s{seed}", "label": label, "learner": learner,
+            "row": row, "model": "carc-solver", "effort": effort, "order": order,
             "seed": seed, "track": "own"}
 
 
@@ -30,10 +33,10 @@ def event(kind: str, cell: str, slot: int, task: str, *, phase: str = "stream", 
 
 
 def end(cell: str, slot: int, task: str, cost: int, **kw) -> Event:
-    return event("instance_end", cell, slot, task, status="failed" if cost == 16 else "solved",
-                 cost=cost, model_calls=1, prompt_tokens=100, completion_tokens=10, model_s=0.5,
-                 cost_usd=0.0, wall_s=1.0, first_submit_demos=0, first_answer_correct=cost == 0,
-                 **kw)
+    record = dict(status="failed" if cost == 16 else "solved", cost=cost, model_calls=1,
+                  prompt_tokens=100, completion_tokens=10, model_s=0.5, cost_usd=0.0, wall_s=1.0,
+                  first_submit_demos=0, first_answer_correct=cost == 0)
+    return event("instance_end", cell, slot, task, **{**record, **kw})
 
 
 def frame_of(runs: dict[str, list[tuple[str, int]]], phase: str = "stream") -> tuple[pd.DataFrame, dict]:
@@ -218,6 +221,176 @@ def test_forward_transfer_is_epilogue_minus_fresh_paired_by_task_by_hand():
     assert (row["mean"], row["lo"], row["hi"]) == (-0.125, -0.25, 0.0)
 
 
+# --- the per-cell measures ----------------------------------------------------------------------
+
+def test_cell_table_measures_failures_first_answers_pairs_and_cost0_returning_by_hand():
+    s = settings_of("harness-a")
+    c = s["cell"]
+    events = [end(c, 0, "t1", 16, first_submit_demos=8, first_answer_correct=False),
+              end(c, 1, "t2", 3, first_submit_demos=2, first_answer_correct=False),
+              end(c, 2, "t1", 0, visit=1, first_submit_demos=0, first_answer_correct=True),
+              end(c, 3, "t2", 0, visit=1, first_submit_demos=0, first_answer_correct=True),
+              end(c, 4, "t1", 5, visit=2, first_submit_demos=1, first_answer_correct=None),
+              end(c, 5, "e1", 0, phase="epilogue")]
+    row = cell_table(instances_frame({c: events}, {c: s}), rng(), n=10_000).iloc[0]
+    assert (row["n"], row["tasks"], row["returning"]) == (5, 2, 3)
+    assert row["failed"] == pytest.approx(1 / 5)
+    assert row["first_answer_correct"] == pytest.approx(2 / 4)  # the unknown one left out
+    assert row["first_submit_demos"] == pytest.approx(11 / 5)
+    # returning: t1 visit 1 (cost 0), t1 visit 2 (cost 5), t2 visit 1 (cost 0)
+    assert row["cost0_returning"] == pytest.approx(2 / 3)
+    # t1 has 1 of 2 returning at cost 0, t2 1 of 1: resamples give 2/4, 2/2 or 2/3
+    assert (row["cost0_returning_lo"], row["cost0_returning_hi"]) == (0.5, 1.0)
+    # t1 fails 1 of 3, t2 0 of 2: resamples give 1/3, 0 or 1/5
+    assert row["failed_lo"] == 0.0 and row["failed_hi"] == pytest.approx(1 / 3)
+
+
+def test_task_bootstrap_of_a_mean_is_the_bootstrap_mean_ci_on_the_same_draws():
+    df, _ = frame_of({"demo-cache-floor": [("t1", 2), ("t2", 16), ("t1", 0), ("t3", 5),
+                                           ("t3", 1), ("t2", 9)]})
+    sums = analysis.mean_sums(df[["cell", "task"]], {"share": df["share"]})
+    table = task_bootstrap(sums, "cell", analysis.means(["share"]), np.random.default_rng(5), n=999)
+    expected = bootstrap_mean_ci(df, "share", np.random.default_rng(5), n=999)
+    row = table.iloc[0]
+    assert (row["share"], row["share_lo"], row["share_hi"]) == pytest.approx(tuple(expected))
+
+
+def test_cells_on_one_schedule_share_their_resamples_of_the_tasks():
+    draws = analysis.TaskResamples(rng(), n=100)
+    first = draws.counts(["t1", "t2", "t3"])
+    assert draws.counts(("t1", "t2", "t3")) is first
+    assert draws.counts(["t1", "t2"]).shape == (100, 2)
+
+
+# --- budget against the gap since last seen -----------------------------------------------------
+
+def test_gap_table_bins_returning_instances_by_the_slots_since_the_last_visit_by_hand():
+    s = settings_of("harness-a")
+    c = s["cell"]
+    slots = [("a", 4), ("b", 8), ("a", 2), ("a", 0), ("b", 4)]  # gaps: a 2, a 1, b 3
+    slots += [(f"f{k:02d}", 16) for k in range(70)]  # first meetings, not returning
+    slots += [("a", 16), ("b", 8)]  # gaps 72 and 72
+    slots += [("c", 0), ("c", None), ("c", 0)]  # c's third visit follows an unfinished one
+    seen: dict[str, int] = {}
+    events = []
+    for slot, (task, cost) in enumerate(slots):
+        visit = seen[task] = seen.get(task, -1) + 1
+        if cost is not None:
+            events.append(end(c, slot, task, cost, visit=visit))
+    events.append(end(c, len(slots), "a", 0, phase="epilogue"))
+    table = gap_table(instances_frame({c: events}, {c: s}))
+    assert list(table["gap"]) == ["1", "2–3", "4–7", "8–15", "16–31", "32–63", "64+"]
+    assert list(table["gap_min"]) == [1, 2, 4, 8, 16, 32, 64]
+    assert list(table["gap_max"])[:6] == [1, 3, 7, 15, 31, 63] and table["gap_max"].isna().iloc[6]
+    assert list(table["n"]) == [1, 2, 0, 0, 0, 0, 2]
+    budget = table.set_index("gap")["budget"]
+    assert budget["1"] == 0.0
+    assert budget["2–3"] == (2 + 4) / 2 / 16
+    assert budget["64+"] == (16 + 8) / 2 / 16
+    assert budget[["4–7", "8–15", "16–31", "32–63"]].isna().all()
+
+
+# --- pooling over orders ------------------------------------------------------------------------
+
+def two_orders(runs: dict[tuple[str, str, str], list[tuple[str, int]]]) -> tuple[pd.DataFrame, dict]:
+    """Cells from {(learner, row, order): [(task, cost) per slot]}, visits counted per task."""
+    cells, events = {}, {}
+    for (learner, row, order), slots in runs.items():
+        s = settings_of(learner, row=row, order=order)
+        cells[s["cell"]] = s
+        seen: dict[str, int] = {}
+        events[s["cell"]] = []
+        for slot, (task, cost) in enumerate(slots):
+            visit = seen[task] = seen.get(task, -1) + 1
+            events[s["cell"]].append(end(s["cell"], slot, task, cost, visit=visit))
+    return instances_frame(events, cells), cells
+
+
+def test_pooled_table_pools_the_orders_of_a_cell_group_and_resamples_tasks_across_them():
+    df, _ = two_orders({("harness-a", "memory-on", "workstreams"): [("t1", 4), ("t2", 8)],
+                        ("harness-a", "memory-on", "random"): [("t2", 0), ("t1", 12)]})
+    row = pooled_table(df, rng(), n=10_000).iloc[0]
+    assert (row["group"], row["orders"], row["cells"], row["n"]) == (
+        "harness-a.medium.s0", "random, workstreams", 2, 4)
+    assert row["budget"] == (4 + 8 + 0 + 12) / 64
+    # t1 (4 + 12) / 32 = .5 in both orders, t2 (8 + 0) / 32 = .25: resamples .5, .25 or .375
+    assert (row["budget_lo"], row["budget_hi"]) == (0.25, 0.5)
+
+
+# --- memory-off twins ---------------------------------------------------------------------------
+
+LADDER_AND_ROWS = [("stateless-floor", "memory-on"), ("demo-cache-floor", "memory-on"),
+                   ("program-library", "memory-on"), ("program-library", "wiped"),
+                   ("harness-a", "memory-on"), ("harness-a", "memory-off"),
+                   ("harness-a", "asked-to-store"), ("harness-a", "program-procedure"),
+                   ("harness-a", "program-procedure-wiped"), ("harness-b", "memory-on")]
+
+
+def one_schedule(costs: dict[tuple[str, str], int], efforts: tuple[str, ...] = ("medium",)
+                 ) -> tuple[pd.DataFrame, dict]:
+    """Every (learner, row) at a constant cost on the stream t1, t2, t1, t2."""
+    cells, events = {}, {}
+    for effort in efforts:
+        for (learner, row), cost in costs.items():
+            s = settings_of(learner, effort=effort, row=row)
+            cells[s["cell"]] = s
+            events[s["cell"]] = [end(s["cell"], slot, task, cost, visit=slot // 2)
+                                 for slot, task in enumerate(["t1", "t2", "t1", "t2"])]
+    return instances_frame(events, cells), cells
+
+
+def test_each_row_is_paired_with_its_own_memory_off_twin_on_its_own_schedule():
+    costs = {key: k for k, key in enumerate(LADDER_AND_ROWS)}
+    df, _ = one_schedule(costs, efforts=("medium", "high"))
+    twins = twin_cells(df)
+    assert twins["program-library.medium.workstreams.s0"] == \
+        "program-library-wiped.medium.workstreams.s0"
+    assert twins["harness-a.medium.workstreams.s0"] == "harness-a-memory-off.medium.workstreams.s0"
+    assert twins["harness-a-asked-to-store.high.workstreams.s0"] == \
+        "harness-a-memory-off.high.workstreams.s0"
+    assert twins["harness-a-program-procedure.medium.workstreams.s0"] == \
+        "harness-a-program-procedure-wiped.medium.workstreams.s0"
+    assert twins["harness-a-program-procedure-wiped.medium.workstreams.s0"] == \
+        "harness-a-memory-off.medium.workstreams.s0"
+    # floors, memory-off rows, the wiped library and a harness with no memory-off row: no twin
+    assert len(twins) == 2 * 5
+
+
+def test_twin_table_is_the_slot_paired_saving_against_the_twin_and_the_demo_cache_floor():
+    costs = {key: k for k, key in enumerate(LADDER_AND_ROWS)}  # cost k at every slot
+    df, _ = one_schedule(costs)
+    table = twin_table(df, rng(), n=1000).set_index("cell")
+    library = table.loc["program-library.medium.workstreams.s0"]
+    assert library["twin"] == "program-library-wiped.medium.workstreams.s0"
+    assert (library["twin_mean"], library["twin_lo"], library["twin_hi"], library["twin_pairs"]) \
+        == (-1 / 16, -1 / 16, -1 / 16, 4)
+    assert library["demo_cache"] == "demo-cache-floor.medium.workstreams.s0"
+    assert library["demo_cache_mean"] == (2 - 1) / 16 and library["demo_cache_pairs"] == 4
+    stored = table.loc["harness-a-asked-to-store.medium.workstreams.s0"]
+    assert (stored["twin_mean"], stored["demo_cache_mean"]) == ((6 - 5) / 16, (6 - 1) / 16)
+    procedure = table.loc["harness-a-program-procedure.medium.workstreams.s0"]
+    assert procedure["twin_mean"] == (7 - 8) / 16
+    floor = table.loc["stateless-floor.medium.workstreams.s0"]
+    assert pd.isna(floor["twin"]) and np.isnan(floor["twin_mean"]) and floor["twin_pairs"] == 0
+    assert floor["demo_cache_mean"] == -1 / 16
+    assert "demo-cache-floor.medium.workstreams.s0" not in table.index
+
+
+def test_twin_table_pooled_over_orders_pairs_within_each_schedule_then_pools_the_pairs():
+    df, _ = two_orders({
+        ("harness-a", "memory-on", "workstreams"): [("t1", 0), ("t2", 8)],
+        ("harness-a", "memory-off", "workstreams"): [("t1", 8), ("t2", 8)],
+        ("harness-a", "memory-on", "random"): [("t2", 4), ("t1", 16)],
+        ("harness-a", "memory-off", "random"): [("t2", 0), ("t1", 0)]})
+    row = twin_table(df, rng(), n=10_000, pool_orders=True).iloc[0]
+    assert (row["group"], row["twin"], row["orders"], row["twin_pairs"]) == (
+        "harness-a.medium.s0", "harness-a-memory-off.medium.s0", "random, workstreams", 4)
+    # pairs: t1 -8 and +16, t2 0 and +4 (in 16ths): mean 12 / 64
+    assert row["twin_mean"] == 12 / 64
+    # t1 sums 8 over 2 pairs, t2 4 over 2: resamples 8/32, 4/32 or 12/64
+    assert (row["twin_lo"], row["twin_hi"]) == (4 / 32, 8 / 32)
+
+
 # --- determinism and speed ----------------------------------------------------------------------
 
 def synthetic_run(cells_n: int = 8, seed: int = 3) -> tuple[pd.DataFrame, dict]:
@@ -262,3 +435,68 @@ def test_full_analysis_of_8_cells_x_250_instances_with_10000_resamples_is_fast()
     assert len(result.cells) == 8 and len(result.floor_differences) == 7
     assert len(result.forward_transfer) == 8
     assert elapsed < 10.0
+
+
+def collective_frame(cells_n: int = 100, instances: int = 1600, tasks: int = 25,
+                     seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """The collective configuration's size, built as a frame: `cells_n` cells (a ladder, and
+    harnesses with memory-off, asked-to-store and procedure rows, in two orders) x `instances`
+    stream instances over `tasks` tasks, plus an epilogue and a fresh reference of 25."""
+    gen = np.random.default_rng(seed)
+    rows = [("stateless-floor", "memory-on"), ("demo-cache-floor", "memory-on"),
+            ("program-library", "memory-on"), ("program-library", "wiped")]
+    rows += [(f"harness-{h}", r) for h in range(7) for r in ("memory-on", "memory-off",
+                                                              "asked-to-store")]
+    rows += [(f"harness-{h}", r) for h in range(3)
+             for r in ("program-procedure", "program-procedure-wiped")]
+    orders = ["workstreams", "random"]
+    per_order = cells_n // len(orders)
+    frames, cells = [], {}
+    for order in orders:
+        task_of = gen.permutation(np.repeat(np.arange(tasks), instances // tasks))
+        visit = pd.Series(task_of).groupby(task_of).cumcount().to_numpy()
+        for k, (learner, row) in enumerate((rows * 2)[:per_order]):
+            effort = "medium" if k < len(rows) else "high"
+            s = settings_of(learner, effort=effort, row=row, order=order)
+            cells[s["cell"]] = s
+            cost = gen.integers(0, 17, instances + 50)
+            frames.append(pd.DataFrame({
+                **s, "slot": np.arange(instances + 50),
+                "phase": ["stream"] * instances + ["epilogue"] * 25 + ["fresh"] * 25,
+                "task": [f"t{t:02d}" for t in task_of] + [f"e{k:02d}" for k in range(25)] * 2,
+                "visit": np.r_[visit, np.zeros(50, int)], "status": "solved", "cost": cost,
+                "first_submit_demos": gen.integers(0, 8, instances + 50).astype(float),
+                "first_answer_correct": pd.array(gen.random(instances + 50) < 0.4,
+                                                 dtype="boolean"),
+                "wall_s": 1.0, "model_calls": 1, "prompt_tokens": 100, "completion_tokens": 10,
+                "model_s": 0.5, "cost_usd": 0.0}))
+    df = pd.concat(frames, ignore_index=True)
+    df["exposure"] = df["visit"]
+    df["status"] = np.where(df["cost"] == 16, "failed", "solved")
+    df["share"] = df["cost"] / 16
+    df["solved"] = df["status"] == "solved"
+    return df, cells
+
+
+def test_every_table_of_100_cells_x_1600_instances_with_10000_resamples_is_fast():
+    df, cells = collective_frame()
+    assert len(df[df["phase"] == "stream"]) == 160_000 and df["cell"].nunique() == 100
+    start = time.perf_counter()
+    tables = run_measures(df, cells, np.random.default_rng(0), n=10_000)
+    elapsed = time.perf_counter() - start
+    print(f"\nrun_measures, 100 cells x 1,600 instances, 10,000 resamples: {elapsed:.2f} s")
+    assert {"cells", "exposure", "gap", "pooled", "twins", "twins_pooled", "clbench",
+            "clbench_pooled", "pathbench", "pathbench_pooled", "transfer", "floor"} <= set(tables)
+    assert len(tables["cells"]) == 100 and len(tables["transfer"]) == 100
+    assert len(tables["pooled"]) == 50 and not tables["twins"].empty
+    assert not tables["clbench"].empty and len(tables["pathbench"]) == 100
+    assert elapsed < 10.0
+
+
+def test_run_measures_is_deterministic_for_a_seed():
+    df, cells = collective_frame(cells_n=8, instances=200, tasks=25)
+    one = run_measures(df, cells, np.random.default_rng(11), n=300)
+    two = run_measures(df, cells, np.random.default_rng(11), n=300)
+    assert list(one) == list(two)
+    for name in one:
+        pd.testing.assert_frame_equal(one[name], two[name])
