@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.grid_config import Cell
 from orchestrator.records import Event, EventLog
 from orchestrator.report import load_run, pct_ci, write_report
 
@@ -19,10 +20,10 @@ def write_cell(run: Path, learner: str, slots: list[tuple[str, str, int, int, in
     cell = f"{learner}.medium.workstreams.s0"
     folder = run / "cells" / cell
     folder.mkdir(parents=True)
-    (folder / "cell.json").write_text(json.dumps({
-        "cell": cell, "label": learner, "learner": learner, "row": "memory-on",
-        "model": "carc-solver", "effort": "medium", "order": "workstreams", "seed": 0,
-        "track": "own"}))
+    settings = Cell(learner=learner, row="memory-on", model="carc-solver", effort="medium",
+                    order="workstreams", seed=0, track="own")
+    assert settings.cell == cell
+    (folder / "cell.json").write_text(json.dumps(settings.record()))
     with EventLog(folder / "events.jsonl") as log:
         for slot, (phase, task, visit, exposure, cost) in enumerate(slots):
             where = dict(cell=cell, slot=slot, phase=phase, task=task, visit=visit,

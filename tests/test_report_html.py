@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from orchestrator import analysis, plots
+from orchestrator.grid_config import Cell
 from orchestrator.records import Event, EventLog
 from orchestrator.report import (display_frame, load_run, measure_tables_sections,
                                  write_report)
@@ -56,10 +57,10 @@ def write_cell(run: Path, learner: str, seed: int, unfinished: bool) -> None:
     cell = f"{learner}.medium.workstreams.s0"
     folder = run / "cells" / cell
     folder.mkdir(parents=True)
-    (folder / "cell.json").write_text(json.dumps({
-        "cell": cell, "label": learner, "learner": learner, "row": "memory-on",
-        "model": "carc-solver", "effort": "medium", "order": "workstreams", "seed": 0,
-        "track": "own"}))
+    settings = Cell(learner=learner, row="memory-on", model="carc-solver", effort="medium",
+                    order="workstreams", seed=0, track="own")
+    assert settings.cell == cell
+    (folder / "cell.json").write_text(json.dumps(settings.record()))
     stream = build_stream([f"own-{k}" for k in range(6)], "workstreams", seed=0)
     held_out = epilogue([f"held-{k}" for k in range(3)], seed=0, start_index=len(stream))
     fresh = epilogue([f"held-{k}" for k in range(3)], seed=0, start_index=len(stream) + 3)
