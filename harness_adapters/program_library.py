@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator.arc import Demo
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Action, Malformed, Outcome, Verdict, parse_action
 

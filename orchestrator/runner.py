@@ -22,7 +22,7 @@ import structlog
 
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
-from orchestrator.arc import Demo, as_grid
+from orchestrator.arc import as_grid
 from orchestrator.grid_config import Cell, GridConfig
 from orchestrator.learners import build_learner
 from orchestrator.prompts import PromptSet

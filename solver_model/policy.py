@@ -10,7 +10,7 @@ fallback guess not yet judged incorrect, so an instance always moves toward its 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.arc import Demo, Grid, as_grid, grid_json, grid_list
