@@ -4,7 +4,6 @@ The checker runs real subprocesses; the scripted model replays fixed replies (no
 reachable, and the embedded solver model is exercised end to end in test_runner.py).
 """
 
-from pathlib import Path
 
 from harness_adapters.base import InstanceView, StepRecord
 from harness_adapters.chat_model import ChatReply, Usage
