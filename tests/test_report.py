@@ -1,14 +1,13 @@
 """`write_report`: a tiny run directory written with the real `EventLog` -> report.md with the
 expected sections and hand-computed numbers."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from orchestrator.grid_config import Cell
 from orchestrator.records import Event, EventLog
 from orchestrator.report import load_run, pct_ci, write_report
+from tests.run_dirs import new_cell_folder
 
 FLOOR = "stateless-floor.medium.workstreams.s0"
 DEMO = "demo-cache-floor.medium.workstreams.s0"
@@ -17,13 +16,7 @@ DEMO = "demo-cache-floor.medium.workstreams.s0"
 def write_cell(run: Path, learner: str, slots: list[tuple[str, str, int, int, int | None]]) -> None:
     """A cell folder: cell.json plus events for (phase, task, visit, exposure, cost) slots; a cost
     of None leaves the instance unfinished."""
-    cell = f"{learner}.medium.workstreams.s0"
-    folder = run / "cells" / cell
-    folder.mkdir(parents=True)
-    settings = Cell(learner=learner, row="memory-on", model="carc-solver", effort="medium",
-                    order="workstreams", seed=0, track="own")
-    assert settings.cell == cell
-    (folder / "cell.json").write_text(json.dumps(settings.record()))
+    cell, folder = new_cell_folder(run, learner)
     with EventLog(folder / "events.jsonl") as log:
         for slot, (phase, task, visit, exposure, cost) in enumerate(slots):
             where = dict(cell=cell, slot=slot, phase=phase, task=task, visit=visit,

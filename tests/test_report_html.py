@@ -23,12 +23,12 @@ import pandas as pd
 import pytest
 
 from orchestrator import analysis, plots
-from orchestrator.grid_config import Cell
 from orchestrator.records import Event, EventLog
 from orchestrator.report import (display_frame, load_run, measure_tables_sections,
                                  write_report)
 from orchestrator.report_html import Figure, render_html, sort_key
 from orchestrator.streams import build_stream, epilogue
+from tests.run_dirs import new_cell_folder
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -54,13 +54,7 @@ def write_cell(run: Path, learner: str, seed: int, unfinished: bool) -> None:
     """One cell on the 6-task workstreams schedule (48 stream instances), a 3-task epilogue and its
     fresh reference, each instance a start, one step per pair bought and an end; `unfinished`
     leaves the last fresh instance without its end."""
-    cell = f"{learner}.medium.workstreams.s0"
-    folder = run / "cells" / cell
-    folder.mkdir(parents=True)
-    settings = Cell(learner=learner, row="memory-on", model="carc-solver", effort="medium",
-                    order="workstreams", seed=0, track="own")
-    assert settings.cell == cell
-    (folder / "cell.json").write_text(json.dumps(settings.record()))
+    cell, folder = new_cell_folder(run, learner)
     stream = build_stream([f"own-{k}" for k in range(6)], "workstreams", seed=0)
     held_out = epilogue([f"held-{k}" for k in range(3)], seed=0, start_index=len(stream))
     fresh = epilogue([f"held-{k}" for k in range(3)], seed=0, start_index=len(stream) + 3)
