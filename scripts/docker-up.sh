@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Make a Docker engine answer on this machine: install docker.io (and debootstrap, which the
+# offline base image needs) when missing, start dockerd when nothing answers, wait for `docker info`.
+# Idempotent; used by scripts/test.sh, scripts/demo.sh and .ci/run.
+set -euo pipefail
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+if ((${#need[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+  log=/var/log/carc-dockerd.log
+  nohup dockerd >"$log" 2>&1 &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+fi
+if ! docker info >/dev/null 2>&1; then
+  echo "docker-up: dockerd did not answer within 60 s; its log is /var/log/carc-dockerd.log:" >&2
+  tail -20 /var/log/carc-dockerd.log >&2 || true
+  exit 1
+fi
