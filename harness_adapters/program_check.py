@@ -1,7 +1,9 @@
 """Run a model-written `transform(grid)` on some grids, never in the orchestrator's process.
 
-Each run is a fresh `python -I -S` subprocess with CPU-time, memory and output limits and a
-wall-clock timeout that kills it. (The Docker sandbox of the sandbox issue replaces this.)
+Each run is a fresh `python3 -I -S` process with CPU-time, memory and output limits and a
+wall-clock timeout that kills it. Where it runs is the executor's business: `SandboxExecutor`
+runs it in the cell's Docker container that has no network (the default in grids), and
+`LocalExecutor` in a host subprocess (grids with `sandbox.engine: process`, and unit tests).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import resource
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Protocol
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
 
@@ -54,6 +57,20 @@ class ProgramLimits:
     output_bytes: int = 4 << 20
 
 
+@dataclass(frozen=True)
+class DriverRun:
+    """What the driver process left: its output, and whether the wall-clock limit killed it."""
+
+    stdout: str
+    stderr: str
+    returncode: int
+    timed_out: bool = False
+
+
+class ProgramExecutor(Protocol):
+    def __call__(self, payload: str, limits: ProgramLimits) -> DriverRun: ...
+
+
 def _apply_limits(limits: ProgramLimits):
     def set_limits() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
@@ -62,20 +79,49 @@ def _apply_limits(limits: ProgramLimits):
     return set_limits
 
 
-def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = ProgramLimits()) -> list[RunResult]:
-    """Run `transform` on each input in one subprocess; every failure becomes a RunResult error."""
-    payload = json.dumps({"source": source, "inputs": [grid_list(g) for g in inputs]})
+def local_executor(payload: str, limits: ProgramLimits) -> DriverRun:
+    """The driver in a host subprocess with rlimits."""
     try:
         proc = subprocess.run([sys.executable, "-I", "-S", "-c", DRIVER], input=payload,
                               capture_output=True, text=True, timeout=limits.wall_s,
                               preexec_fn=_apply_limits(limits))
     except subprocess.TimeoutExpired:
+        return DriverRun("", "", -9, timed_out=True)
+    return DriverRun(proc.stdout, proc.stderr, proc.returncode)
+
+
+class SandboxExecutor:
+    """The driver inside a sandbox (a container with no network), limits set by `ulimit`."""
+
+    def __init__(self, sandbox):
+        self.sandbox = sandbox
+
+    def __call__(self, payload: str, limits: ProgramLimits) -> DriverRun:
+        # dash takes one limit per ulimit call; && so a failed limit never runs the program.
+        script = (f"ulimit -t {limits.cpu_s} && ulimit -v {limits.memory_bytes // 1024} && "
+                  f'ulimit -p 64 && exec python3 -I -S -c "$0"')
+        result = self.sandbox.exec(["sh", "-c", script, DRIVER], input=payload,
+                                   timeout=limits.wall_s, cwd="/tmp")
+        return DriverRun(result.stdout.decode("utf-8", "replace"),
+                         result.stderr.decode("utf-8", "replace"), result.returncode,
+                         result.timed_out)
+
+
+def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = ProgramLimits(),
+                executor: ProgramExecutor = local_executor) -> list[RunResult]:
+    """Run `transform` on each input in one driver process; every failure becomes a RunResult error."""
+    payload = json.dumps({"source": source, "inputs": [grid_list(g) for g in inputs]})
+    proc = executor(payload, limits)
+    if proc.timed_out:
         return [RunResult(None, f"the program ran longer than {limits.wall_s:g} s")] * len(inputs)
     if len(proc.stdout) > limits.output_bytes:
         return [RunResult(None, "the program printed too much output")] * len(inputs)
     try:
         report = json.loads(proc.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
+        if proc.returncode in (-9, -24, 137, 152):
+            return [RunResult(None, f"the program was killed after using more than "
+                                    f"{limits.cpu_s} s of CPU")] * len(inputs)
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return [RunResult(None, f"the program crashed: {tail[0][:300]}")] * len(inputs)
     if "load_error" in report:
@@ -100,9 +146,10 @@ class CheckResult:
 
 
 def check_program(source: str, pairs: list[Demo], test_input: Grid,
-                  limits: ProgramLimits = ProgramLimits()) -> CheckResult:
+                  limits: ProgramLimits = ProgramLimits(),
+                  executor: ProgramExecutor = local_executor) -> CheckResult:
     """Check a program on every pair held (free) and, when it passes all, run it on the test input."""
-    results = run_program(source, [p.input for p in pairs] + [test_input], limits)
+    results = run_program(source, [p.input for p in pairs] + [test_input], limits, executor)
     failures = []
     for number, (pair, result) in enumerate(zip(pairs, results), start=1):
         if result.error:

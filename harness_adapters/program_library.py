@@ -1,6 +1,6 @@
 """The program library: the demo-cache floor where every submission is a program the model writes.
 
-Each program `transform(grid)` is checked free, in a separate process, against every pair held;
+Each program `transform(grid)` is checked free, in a sandbox (see program_check), against every pair held;
 failures go back to the model; a passing program's test output is submitted. The program that
 answered a task is kept (`state_dir/programs/<task>.py`) with the pairs, and when the task
 returns it runs first, before the model is asked. The wiped variant is the same learner with its
@@ -18,7 +18,7 @@ from orchestrator.protocol import Action, Malformed, Outcome, Verdict, parse_act
 from harness_adapters.base import InstanceView, StepRecord, Turn
 from harness_adapters.chat_model import ChatModel, Usage
 from harness_adapters.demo_cache_floor import DemoCacheFloor
-from harness_adapters.program_check import ProgramLimits, check_program
+from harness_adapters.program_check import ProgramExecutor, ProgramLimits, check_program, local_executor
 
 _CODE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CHECKS_PER_TURN = 6
@@ -39,9 +39,10 @@ class ProgramLibrary(DemoCacheFloor):
     system_template = "program_system"
 
     def __init__(self, state_dir: Path, prompts: PromptSet, model: ChatModel,
-                 limits: ProgramLimits = ProgramLimits()):
+                 limits: ProgramLimits = ProgramLimits(), executor: ProgramExecutor = local_executor):
         super().__init__(state_dir, prompts, model)
         self.limits = limits
+        self.executor = executor
         self.kept_pending = False
         self.last_program: str | None = None   # the program behind the last submission
         self.passing: str | None = None        # the last program that reproduced every pair
@@ -82,7 +83,7 @@ class ProgramLibrary(DemoCacheFloor):
                 self.messages.append({"role": "user",
                                       "content": self.prompts.render("program_no_code", reason=reason)})
                 continue
-            result = check_program(source, self.pairs, self.test_input, self.limits)
+            result = check_program(source, self.pairs, self.test_input, self.limits, self.executor)
             if result.passed:
                 self.last_program = self.passing = source
                 return Turn(action=Action("submit", result.test_output), usage=usage,
@@ -95,7 +96,7 @@ class ProgramLibrary(DemoCacheFloor):
 
     def _run_kept(self) -> Turn | None:
         source = self._kept_path(self.task_id).read_text()
-        result = check_program(source, self.pairs, self.test_input, self.limits)
+        result = check_program(source, self.pairs, self.test_input, self.limits, self.executor)
         if not result.passed:
             return None
         self.last_program = source

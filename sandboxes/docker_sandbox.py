@@ -32,6 +32,7 @@ from docker.types import Mount
 from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
 from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
+from sandboxes.images import ca_dir as shared_ca_dir
 from sandboxes.images import cache_dir, docker_client
 
 log = structlog.get_logger("carc.sandbox")
@@ -67,7 +68,7 @@ class ProxySpec:
     upstream: str                # e.g. http://host.docker.internal:8000/v1 (as the proxy sees it)
     allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
     key_env: str = ""            # host variable holding the real key; copied into the proxy only
-    ca_dir: Path | None = None   # host folder holding mitmproxy's CA (shared by a run's proxies)
+    ca_dir: Path | None = None   # host folder holding mitmproxy's CA (default: the machine's)
 
 
 @dataclass
@@ -140,8 +141,7 @@ class DockerSandbox(SandboxEnvironment):
 
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
-        ca_dir = proxy.ca_dir or proxy.journal_dir / "ca"
-        ca_dir.mkdir(parents=True, exist_ok=True)
+        ca_dir = proxy.ca_dir or shared_ca_dir()
         env = {}
         if proxy.key_env and os.environ.get(proxy.key_env):
             env[proxy.key_env] = os.environ[proxy.key_env]  # the real key: proxy only
@@ -182,7 +182,7 @@ class DockerSandbox(SandboxEnvironment):
 
     def proxy_ca(self) -> bytes:
         proxy = self.spec.proxy
-        ca_dir = proxy.ca_dir or proxy.journal_dir / "ca"
+        ca_dir = proxy.ca_dir or shared_ca_dir()
         return (ca_dir / "mitmproxy-ca-cert.pem").read_bytes()
 
     def reverse_base_url(self) -> str:
@@ -254,6 +254,7 @@ class DockerSandbox(SandboxEnvironment):
             except OSError:
                 pass  # the process exited without reading all of its input
 
+        started = time.monotonic()
         writer = threading.Thread(target=feed, daemon=True)
         writer.start()
         try:
@@ -266,8 +267,9 @@ class DockerSandbox(SandboxEnvironment):
         writer.join(5)
         code = api.exec_inspect(exec_id).get("ExitCode")
         code = -1 if code is None else code
-        return ExecResult(code, stdout or b"", stderr or b"",
-                          timed_out=bool(timeout) and code in (124, 137))
+        # 137 is also a kill for other reasons (CPU or memory limit); only a full wait is a timeout.
+        timed_out = bool(timeout) and code in (124, 137) and time.monotonic() - started >= timeout * 0.98
+        return ExecResult(code, stdout or b"", stderr or b"", timed_out)
 
     def read_file(self, path: str) -> bytes:
         result = self.exec(["cat", "--", path], timeout=60)

@@ -46,6 +46,13 @@ class ImageBuildError(RuntimeError):
     """An image could not be made; the message says which step and how to fix it."""
 
 
+def ca_dir() -> Path:
+    """mitmproxy's CA, shared by every proxy on this machine (host and containers)."""
+    path = cache_dir() / "mitmproxy-ca"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("CARC_CACHE", Path.home() / ".cache" / "carc"))
     path.mkdir(parents=True, exist_ok=True)
@@ -163,10 +170,14 @@ def apt_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+def offline_base_tag() -> str:
+    key = hashlib.sha256(f"{DEBIAN_SUITE}|minbase|{','.join(ROOTFS_PACKAGES)}".encode()).hexdigest()[:12]
+    return f"carc-rootfs:{DEBIAN_SUITE}-{key}"
+
+
 def offline_base(client: docker.DockerClient) -> str:
     """A Debian rootfs (debootstrap minbase + Python, CA certificates), imported as an image."""
-    key = hashlib.sha256(f"{DEBIAN_SUITE}|minbase|{','.join(ROOTFS_PACKAGES)}".encode()).hexdigest()[:12]
-    tag = f"carc-rootfs:{DEBIAN_SUITE}-{key}"
+    tag = offline_base_tag()
     if _exists(client, tag):
         return tag
     if shutil.which("debootstrap") is None:

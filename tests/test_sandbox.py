@@ -1,0 +1,159 @@
+"""The cell sandbox on a real Docker engine: exec, files, wipe, snapshot/restore, isolation, cleanup."""
+
+from __future__ import annotations
+
+import tarfile
+import time
+
+import docker.errors
+import pytest
+
+from sandboxes.docker_sandbox import DockerSandbox, Limits, SandboxSpec, prune, slug
+from tests.docker_fixtures import base_image, client, run_id, _prune_at_end  # noqa: F401
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def sandbox(base_image, client, run_id):
+    box = DockerSandbox(SandboxSpec(base_image, run_id, "cell-main",
+                                    limits=Limits(cpus=0.5, memory="256m", pids=128)), client).start()
+    yield box
+    box.teardown()
+
+
+def test_exec_passes_stdin_and_returns_stdout_stderr_and_exit_code(sandbox):
+    result = sandbox.exec(["sh", "-c", "cat; echo oops >&2; exit 3"], input="hello")
+    assert (result.returncode, result.stdout, result.stderr) == (3, b"hello", b"oops\n")
+    assert not result.ok and not result.timed_out
+
+
+def test_exec_uses_cwd_and_env(sandbox):
+    result = sandbox.exec(["sh", "-c", 'pwd; echo "$GREETING"'], cwd="/tmp", env={"GREETING": "hi"})
+    assert result.text() == "/tmp\nhi\n"
+
+
+def test_timeout_kills_the_process_and_its_children_inside_the_container(sandbox):
+    start = time.monotonic()
+    result = sandbox.exec(["sh", "-c", "sleep 60 & sleep 60"], timeout=1)
+    assert result.timed_out and time.monotonic() - start < 10
+    left = sandbox.exec(["ps", "-eo", "args"]).text()
+    assert "sleep 60" not in left
+
+
+def test_file_written_is_read_back_and_missing_file_raises(sandbox):
+    sandbox.write_file("/state/notes/a b.txt", b"\x00bytes\xff")
+    assert sandbox.read_file("/state/notes/a b.txt") == b"\x00bytes\xff"
+    with pytest.raises(FileNotFoundError):
+        sandbox.read_file("/state/does-not-exist")
+
+
+def test_wipe_stops_every_harness_process_and_empties_the_volume_but_the_container_lives(sandbox):
+    sandbox.write_file("/state/memory/MEMORY.md", "task abc123 is a mirror")
+    sandbox.write_file("/tmp/scratch", "x")
+    sandbox.exec(["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 &"])
+    assert "sleep 300" in sandbox.exec(["ps", "-eo", "args"]).text()
+    sandbox.wipe()
+    assert sandbox.exec(["ls", "-A", "/state"]).text() == ""
+    assert sandbox.exec(["ls", "-A", "/tmp"]).text().split() in ([], ["carc"])
+    assert "sleep 300" not in sandbox.exec(["ps", "-eo", "args"]).text()
+    sandbox.container.reload()
+    assert sandbox.container.status == "running"
+
+
+def test_snapshot_then_restore_gives_back_the_same_files(sandbox, tmp_path):
+    sandbox.wipe()
+    sandbox.write_file("/state/skills/mirror/SKILL.md", "flip rows")
+    sandbox.write_file("/state/db.bin", bytes(range(256)) * 100)
+    snap = tmp_path / "00007.tar.gz"
+    sandbox.snapshot(snap)
+    with tarfile.open(snap) as tar:
+        names = set(tar.getnames())
+    assert {"./skills/mirror/SKILL.md", "./db.bin"} <= names
+    sandbox.write_file("/state/later.txt", "written after the snapshot")
+    sandbox.restore(snap)
+    assert sandbox.read_file("/state/db.bin") == bytes(range(256)) * 100
+    assert sandbox.read_file("/state/skills/mirror/SKILL.md") == b"flip rows"
+    with pytest.raises(FileNotFoundError):
+        sandbox.read_file("/state/later.txt")
+    sandbox.restore(None)
+    assert sandbox.exec(["ls", "-A", "/state"]).text() == ""
+
+
+def test_root_filesystem_is_read_only_while_state_and_tmp_are_writable(sandbox):
+    for path in ("/etc/passwd-x", "/usr/bin/x", "/opt/carc/x", "/root/x", "/x"):
+        result = sandbox.exec(["sh", "-c", f"echo x > {path}"])
+        assert result.returncode != 0, path
+    assert sandbox.exec(["sh", "-c", "echo x > /state/ok && echo x > /tmp/ok"]).ok
+
+
+def test_sandbox_user_is_not_root_and_holds_no_capabilities(sandbox):
+    assert sandbox.exec(["id", "-u"]).text().strip() == "1000"
+    status = sandbox.exec(["cat", "/proc/self/status"]).text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    assert int(fields["CapEff"].strip(), 16) == 0
+    assert int(fields["CapBnd"].strip(), 16) == 0
+    assert fields["NoNewPrivs"].strip() == "1"
+
+
+def test_cpu_memory_and_pids_limits_are_set(sandbox):
+    sandbox.container.reload()
+    host = sandbox.container.attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["PidsLimit"] == 128
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+
+
+def test_nothing_of_the_host_is_mounted_and_there_is_no_docker_socket(sandbox):
+    mounts = sandbox.container.attrs["Mounts"]
+    assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/state")]
+    assert not sandbox.exec(["test", "-e", "/var/run/docker.sock"]).ok
+    assert not sandbox.exec(["test", "-e", "/run/docker.sock"]).ok
+
+
+def test_a_sandbox_without_proxy_has_no_network_at_all(sandbox):
+    code = ("import socket\ntry:\n socket.create_connection(('1.1.1.1', 80), timeout=2)\n"
+            " print('connected')\nexcept OSError as e:\n print(e.errno)")
+    assert sandbox.exec(["python3", "-c", code]).text().strip() == "101"  # ENETUNREACH
+
+
+def test_another_cells_volume_is_not_visible(sandbox, base_image, client, run_id):
+    sandbox.write_file("/state/secret-of-main", "mine")
+    with DockerSandbox(SandboxSpec(base_image, run_id, "cell-other"), client).start() as other:
+        assert other.exec(["ls", "-A", "/state"]).text() == ""
+        assert not other.exec(["sh", "-c", "find / -xdev -name secret-of-main 2>/dev/null | grep ."]).ok
+        assert other.volume.name != sandbox.volume.name
+
+
+def test_teardown_removes_container_and_volume_and_can_run_twice(base_image, client, run_id):
+    box = DockerSandbox(SandboxSpec(base_image, run_id, "cell-teardown"), client).start()
+    names = (box.container.name, box.volume.name)
+    box.teardown()
+    box.teardown()
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(names[0])
+    with pytest.raises(docker.errors.NotFound):
+        client.volumes.get(names[1])
+
+
+def test_prune_removes_what_a_crashed_run_left_by_label(base_image, client):
+    crashed = "pytest-crashed-run"
+    box = DockerSandbox(SandboxSpec(base_image, crashed, "cell-x"), client).start()
+    name = box.container.name  # no teardown: the "crash"
+    pruned = prune(client, run=crashed)
+    assert name in pruned.containers and pruned.volumes == [f"{slug(crashed, 'cell-x')}-state"]
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(name)
+
+
+def test_starting_a_cell_again_replaces_a_leftover_of_the_same_cell(base_image, client, run_id):
+    first = DockerSandbox(SandboxSpec(base_image, run_id, "cell-again"), client).start()
+    second = DockerSandbox(SandboxSpec(base_image, run_id, "cell-again"), client).start()
+    try:
+        assert second.exec(["true"]).ok
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(first.container.id)
+    finally:
+        second.teardown()
