@@ -1,0 +1,450 @@
+"""The journaling model proxy: a mitmproxy addon (`mitmdump -s proxy/addon.py`).
+
+Every model call of a learner passes it. It forwards only to allowlisted hosts (in reverse mode
+the reverse target is allowed implicitly), answers everything else with 403 and journals the
+refusal, swaps the sandbox's placeholder API key for the real one (held only in this process's
+environment), and writes one `JournalEntry` line per call - also when the client disconnects
+mid-stream, the upstream fails, or this addon itself hits a bug.
+
+Imports only the stdlib, mitmproxy and its sibling modules, so it runs from the dedicated
+mitmproxy venv on the host or from /opt/carc/proxy/ in the proxy image.
+
+Options (``--set name=value``):
+    carc_journal_dir  directory for journal.jsonl and raw/ (required)
+    carc_cell         cell id written on every line
+    carc_control      slot control file written by the orchestrator (journal.write_slot)
+    carc_allow        comma-separated allowlist: host or host:port
+    carc_key_env      name of the environment variable holding the real key ("" = no injection)
+    carc_prices       price table file (default: proxy/prices.json)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:  # import siblings as `proxy.*`, wherever the folder was copied
+    sys.path.insert(0, _ROOT)
+
+from mitmproxy import ctx, exceptions, http  # noqa: E402
+from mitmproxy.net import encoding  # noqa: E402
+from mitmproxy.net.http.http1 import assemble  # noqa: E402
+from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
+
+from proxy.journal import READY_FILE, JournalEntry, JournalWriter, read_slot  # noqa: E402
+from proxy.prices import PriceTable  # noqa: E402
+from proxy.sse import api_of, reassemble, usage_of  # noqa: E402
+
+logger = logging.getLogger("carc.proxy")
+
+JOURNALED = "carc_journaled"  # flow.metadata key: the flow has its line
+REDACTED = "<carc:redacted-key>"
+
+
+class _Call:
+    """What the addon knows of one flow until its line is written.
+
+    A plain class: mitmproxy loads scripts outside sys.modules, where @dataclass breaks."""
+
+    def __init__(self, flow: http.HTTPFlow, t_start: float, slot: int | None,
+                 phase: str | None, raw_head: bytes | None) -> None:
+        self.flow = flow
+        self.t_start = t_start
+        self.slot = slot
+        self.phase = phase
+        self.raw_head = raw_head  # request line and headers as received, before anticomp
+        self.refused: str | None = None  # why the proxy refused it
+        self.streamed = False
+        self.body = bytearray()
+        self.t_first_byte: float | None = None
+
+    def tee(self, data: bytes) -> bytes:
+        """flow.response.stream callable: pass every chunk on at once, keep a copy."""
+        if data and self.t_first_byte is None:
+            self.t_first_byte = time.time()
+        self.body += data
+        return data
+
+
+class Journal:
+    """The addon: allowlist, key injection, and one journal line per flow (exactly once)."""
+
+    def __init__(self) -> None:
+        self.writer: JournalWriter | None = None
+        self.calls: dict[str, _Call] = {}
+        self.allow: set[tuple[str, int | None]] = set()
+        self.real_key = ""
+        self.prices: PriceTable | None = None
+        self._slot_cache: tuple[Any, tuple[int | None, str | None]] = (None, (None, None))
+
+    # --- options ---------------------------------------------------------------------------
+
+    def load(self, loader) -> None:
+        loader.add_option("carc_journal_dir", str, "",
+                          "Directory for journal.jsonl and raw/ (required).")
+        loader.add_option("carc_cell", str, "", "Cell id written on every journal line.")
+        loader.add_option("carc_control", str, "",
+                          "Slot control file written by the orchestrator; read per request.")
+        loader.add_option("carc_allow", str, "",
+                          "Comma-separated allowlist of host or host:port; in reverse mode the "
+                          "reverse target is allowed implicitly.")
+        loader.add_option("carc_key_env", str, "",
+                          "Name of the environment variable holding the real API key; empty "
+                          "means the client's key is passed on unchanged.")
+        loader.add_option("carc_prices", str, "",
+                          "Price table file (JSON); default proxy/prices.json.")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "carc_journal_dir" in updated:
+            if not opts.carc_journal_dir:
+                raise exceptions.OptionsError(
+                    "carc_journal_dir is not set: pass --set carc_journal_dir=DIR")
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = JournalWriter(opts.carc_journal_dir)
+        if "carc_allow" in updated:
+            self.allow = parse_allow(opts.carc_allow)
+        if "carc_key_env" in updated:
+            name = opts.carc_key_env
+            self.real_key = os.environ.get(name, "") if name else ""
+            if name and not self.real_key:
+                raise exceptions.OptionsError(
+                    f"carc_key_env names {name}, but {name} is not set (or empty) in the "
+                    f"proxy's environment: export {name}=<key> for the proxy process")
+        if "carc_prices" in updated:
+            try:
+                self.prices = PriceTable.load(opts.carc_prices or None)
+            except ValueError as e:
+                raise exceptions.OptionsError(str(e)) from e
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def running(self) -> None:
+        """Tell whoever started the proxy that the addon is loaded and the servers listen."""
+        server = ctx.master.addons.get("proxyserver")
+        listen = [list(a) for a in server.listen_addrs()] if server else []
+        ready = {"pid": os.getpid(), "listen": listen, "t": time.time()}
+        path = Path(ctx.options.carc_journal_dir) / READY_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(ready), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        try:
+            if not self._allowed(flow):
+                call = self._call(flow)
+                call.refused = self._refuse(flow)
+                self._finish(flow, None)
+        except Exception:  # noqa: BLE001 - a bug here must not open the tunnel unjournaled
+            self._failed(flow, "http_connect", refuse=True)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._call(flow)
+        except Exception:  # noqa: BLE001
+            self._failed(flow, "requestheaders", refuse=True)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        try:
+            if flow.metadata.get(JOURNALED):  # already answered by the proxy itself
+                return
+            call = self._call(flow)
+            if not self._allowed(flow):
+                call.refused = self._refuse(flow)
+                self._finish(flow, None)
+                return
+            if self.real_key:
+                inject_key(flow.request.headers, self.real_key)
+        except Exception:  # noqa: BLE001
+            self._failed(flow, "request", refuse=True)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            call = self.calls.get(flow.id)
+            content_type = flow.response.headers.get("content-type", "")
+            if call is not None and content_type.lower().startswith("text/event-stream"):
+                call.streamed = True
+                flow.response.stream = call.tee
+        except Exception:  # noqa: BLE001
+            self._failed(flow, "responseheaders")
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        try:
+            if self.real_key and flow.response is not None and flow.response.raw_content:
+                # an upstream error message may quote the key; the sandbox must never see it
+                key = self.real_key.encode()
+                if key in flow.response.raw_content:
+                    flow.response.raw_content = flow.response.raw_content.replace(
+                        key, REDACTED.encode())
+            self._finish(flow, None)
+        except Exception:  # noqa: BLE001
+            self._failed(flow, "response")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._finish(flow, flow.error.msg if flow.error else "unknown error")
+        except Exception:  # noqa: BLE001
+            self._failed(flow, "error")
+
+    def done(self) -> None:
+        for call in list(self.calls.values()):
+            try:
+                self._finish(call.flow, "proxy stopped before the call ended")
+            except Exception:  # noqa: BLE001
+                self._failed(call.flow, "done")
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _call(self, flow: http.HTTPFlow) -> _Call:
+        call = self.calls.get(flow.id)
+        if call is None:
+            slot, phase = self._slot()
+            call = _Call(flow, flow.request.timestamp_start or time.time(), slot, phase,
+                         raw_request_head(flow.request))
+            self.calls[flow.id] = call
+        return call
+
+    def _slot(self) -> tuple[int | None, str | None]:
+        path = ctx.options.carc_control
+        if not path:
+            return None, None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None, None
+        # write_slot replaces the file, so the inode changes even within one mtime tick
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._slot_cache[0] != key:
+            self._slot_cache = (key, read_slot(path))
+        return self._slot_cache[1]
+
+    def _allowed(self, flow: http.HTTPFlow) -> bool:
+        host, port = flow.request.host.lower(), flow.request.port
+        mode = flow.client_conn.proxy_mode
+        if isinstance(mode, ReverseMode) and (host, port) == (mode.address[0].lower(),
+                                                              mode.address[1]):
+            return True
+        return (host, port) in self.allow or (host, None) in self.allow
+
+    def _refuse(self, flow: http.HTTPFlow) -> str:
+        where = f"{flow.request.host}:{flow.request.port}"
+        reason = f"host {where} is not on the proxy's allowlist"
+        flow.response = http.Response.make(
+            403, f"carc proxy refused the request: {reason}; nothing was forwarded.\n",
+            {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "refused"})
+        logger.warning(f"refused {flow.request.method} {where}")
+        return reason
+
+    def _finish(self, flow: http.HTTPFlow, error: str | None) -> None:
+        """Write the flow's one line (later calls for the same flow do nothing)."""
+        if flow.metadata.get(JOURNALED):
+            self.calls.pop(flow.id, None)
+            return
+        call = self._call(flow)
+        entry = self._entry(flow, call, error)
+        self._write(entry, raw_request_bytes(flow, call), raw_response_bytes(flow, call))
+        flow.metadata[JOURNALED] = True
+        self.calls.pop(flow.id, None)
+
+    def _entry(self, flow: http.HTTPFlow, call: _Call, error: str | None) -> JournalEntry:
+        request = flow.request
+        api = api_of(request.path)
+        request_obj = json_of(request.get_content(strict=False) if request.raw_content else b"")
+        response_obj, problems = self._response_of(flow, call, api)
+        problems = ([error] if error else []) + ([call.refused] if call.refused else []) + problems
+        asked = request_obj.get("model") if isinstance(request_obj, dict) else None
+        answered = response_obj.get("model") if isinstance(response_obj, dict) else None
+        model = asked if isinstance(asked, str) else answered if isinstance(answered, str) else None
+        prompt, completion = usage_of(api, response_obj)
+        total = None if prompt is None and completion is None else (prompt or 0) + (completion or 0)
+        cost = None
+        if self.prices is not None:
+            cost = self.prices.cost(model, prompt, completion)
+            if cost is None and isinstance(answered, str):
+                cost = self.prices.cost(answered, prompt, completion)
+        t_first = None
+        if not call.refused and flow.response is not None:
+            t_first = call.t_first_byte if call.streamed else flow.response.timestamp_start
+        asked_stream = isinstance(request_obj, dict) and request_obj.get("stream") is True
+        t_end = time.time()
+        return JournalEntry(
+            id=flow.id, cell=ctx.options.carc_cell, slot=call.slot, phase=call.phase,
+            mode=mode_of(flow), method=request.method, url=safe_url(request),
+            host=request.host, api=api, model=model, stream=call.streamed or asked_stream,
+            status=flow.response.status_code if flow.response is not None else None,
+            refused=call.refused is not None, request=request_obj, response=response_obj,
+            t_start=call.t_start, t_first_byte=t_first, t_end=t_end,
+            latency_s=t_end - call.t_start, prompt_tokens=prompt, completion_tokens=completion,
+            total_tokens=total, cost_usd=cost, error="; ".join(problems) if problems else None)
+
+    @staticmethod
+    def _response_of(flow: http.HTTPFlow, call: _Call, api: str) -> tuple[Any, list[str]]:
+        """The response object to journal (a stream reassembled) and what was wrong with it."""
+        response = flow.response
+        if call.refused or response is None:
+            return None, []
+        problems: list[str] = []
+        obj = None
+        if call.streamed:
+            body, problem = decoded(bytes(call.body), response.headers.get("content-encoding", ""))
+            problems += [problem] if problem else []
+            if api != "other":
+                obj, problem = reassemble(api, body)
+                problems += [problem] if problem else []
+        elif response.raw_content:
+            content = response.get_content(strict=False) or b""
+            obj = json_of(content)
+            if response.status_code >= 400:
+                excerpt = content[:300].decode("utf-8", errors="replace")
+                problems.append(f"upstream answered HTTP {response.status_code}: {excerpt}")
+        if response.status_code >= 400 and (call.streamed or not response.raw_content):
+            problems.append(f"upstream answered HTTP {response.status_code}")
+        return obj, problems
+
+    def _write(self, entry: JournalEntry, raw_request: bytes | None,
+               raw_response: bytes | None) -> None:
+        if self.writer is None:
+            raise RuntimeError("the journal is not open (carc_journal_dir unset or proxy stopped)")
+        if raw_request is not None:
+            entry.raw_request = self.writer.write_raw(entry.id, "req", self._redact(raw_request))
+        if raw_response is not None:
+            entry.raw_response = self.writer.write_raw(entry.id, "resp", self._redact(raw_response))
+        line = entry.to_json()
+        if self.real_key and self.real_key in line:
+            line = line.replace(self.real_key, REDACTED)
+        self.writer.write_line(line)
+
+    def _redact(self, data: bytes) -> bytes:
+        return data.replace(self.real_key.encode(), REDACTED.encode()) if self.real_key else data
+
+    def _failed(self, flow: http.HTTPFlow, hook: str, refuse: bool = False) -> None:
+        """A bug in this addon: log it, journal a line for the flow, never crash the proxy.
+
+        Where the request was not yet judged (refuse=True) it is refused: failing closed is the
+        only way to be sure nothing unlisted goes out."""
+        detail = traceback.format_exc(limit=5)
+        logger.error(f"carc journal addon failed in {hook}: {detail}")
+        if refuse and flow.response is None:
+            flow.response = http.Response.make(
+                502, f"carc proxy failed ({hook}); nothing was forwarded.\n",
+                {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "error"})
+        if flow.metadata.get(JOURNALED):
+            return
+        flow.metadata[JOURNALED] = True
+        call = self.calls.pop(flow.id, None)
+        try:
+            now = time.time()
+            t_start = call.t_start if call else (flow.request.timestamp_start or now)
+            entry = JournalEntry(
+                id=flow.id, cell=ctx.options.carc_cell, slot=call.slot if call else None,
+                phase=call.phase if call else None,
+                mode=mode_of(flow),
+                method=flow.request.method, url=safe_url(flow.request), host=flow.request.host,
+                api=api_of(flow.request.path), model=None, stream=False,
+                status=flow.response.status_code if flow.response is not None else None,
+                refused=refuse, request=None, response=None, t_start=t_start,
+                t_first_byte=None, t_end=now, latency_s=now - t_start,
+                error=f"carc proxy addon failed in {hook}: {detail.strip().splitlines()[-1]}")
+            head = call.raw_head if call else raw_request_head(flow.request)
+            raw = head + (flow.request.raw_content or b"") if head is not None else None
+            self._write(entry, raw, None)
+        except Exception:  # noqa: BLE001 - nothing more can be done; the log has it
+            logger.error(f"carc journal addon could not journal flow {flow.id}: "
+                         f"{traceback.format_exc(limit=3)}")
+
+
+def parse_allow(spec: str) -> set[tuple[str, int | None]]:
+    """`"api.openai.com, 127.0.0.1:9000, [::1]:8080"` -> {(host, port or None)}."""
+    allow: set[tuple[str, int | None]] = set()
+    for item in (s.strip().lower() for s in spec.split(",")):
+        if not item:
+            continue
+        host, port = item, None
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else None
+        elif item.count(":") == 1:
+            host, port = item.split(":")
+        try:
+            allow.add((host, int(port) if port is not None else None))
+        except ValueError:
+            raise exceptions.OptionsError(
+                f"carc_allow: {item!r} is not host or host:port (port must be a number)") from None
+    return allow
+
+
+def inject_key(headers: http.Headers, key: str) -> None:
+    """Replace whatever key the client sent (a placeholder) by the real one."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        headers["authorization"] = f"Bearer {key}"
+    for name in ("x-api-key", "api-key"):
+        if name in headers:
+            headers[name] = key
+
+
+def mode_of(flow: http.HTTPFlow) -> str:
+    return "reverse" if isinstance(flow.client_conn.proxy_mode, ReverseMode) else "regular"
+
+
+def json_of(content: bytes) -> Any:
+    if not content:
+        return None
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def decoded(body: bytes, content_encoding: str) -> tuple[bytes, str | None]:
+    """A streamed body without its content-encoding (streams bypass mitmproxy's decoding)."""
+    if not content_encoding or content_encoding.lower() == "identity":
+        return body, None
+    try:
+        return encoding.decode(body, content_encoding), None
+    except Exception as e:  # noqa: BLE001 - cut-off compressed streams do not decode
+        return b"", f"could not decode the {content_encoding} stream ({e})"
+
+
+def safe_url(request: http.Request) -> str:
+    try:
+        return request.url
+    except Exception:  # noqa: BLE001 - malformed requests still get their line
+        return f"{request.scheme}://{request.host}:{request.port}{request.path}"
+
+
+def raw_request_head(request: http.Request) -> bytes | None:
+    try:
+        return assemble.assemble_request_head(request)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def raw_request_bytes(flow: http.HTTPFlow, call: _Call) -> bytes | None:
+    if call.raw_head is None:
+        return None
+    return call.raw_head + (flow.request.raw_content or b"")
+
+
+def raw_response_bytes(flow: http.HTTPFlow, call: _Call) -> bytes | None:
+    if flow.response is None or call.refused:
+        return None
+    try:
+        head = assemble.assemble_response_head(flow.response)
+    except Exception:  # noqa: BLE001
+        head = b""
+    return head + (bytes(call.body) if call.streamed else flow.response.raw_content or b"")
+
+
+addons = [Journal()]

@@ -1,0 +1,168 @@
+"""The proxy journal: one JSON line per model call, and the slot control file the proxy reads.
+
+Stdlib only: the mitmproxy addon imports this inside the proxy's own environment, and the
+orchestrator and inspector import it in carc's environment, where mitmproxy is not installed.
+
+Layout of a journal directory:
+
+    journal.jsonl            one `JournalEntry` per line, flushed and fsynced before the proxy
+                             answers the next hook
+    raw/<id>.req.gz          the request as the client sent it (HTTP/1 form, placeholder key;
+                             in reverse mode the Host header already names the upstream)
+    raw/<id>.resp.gz         the response as the client received it (HTTP/1 form, de-chunked)
+    proxy.ready              {"pid", "listen", "t"}: the addon is loaded and the proxy listens
+
+The slot control file is owned by the orchestrator (the sandbox cannot reach it): it says which
+instance slot the cell is on and whether the verdict has been given, so every call is tagged with
+the slot and phase it happened in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Phase = Literal["before", "after", "between"]
+Mode = Literal["reverse", "regular"]
+Api = Literal["openai-chat", "openai-responses", "anthropic-messages", "other"]
+
+JOURNAL_FILE = "journal.jsonl"
+RAW_DIR = "raw"
+READY_FILE = "proxy.ready"  # written by the addon once it is loaded and the proxy listens
+PHASES: tuple[str, ...] = get_args(Phase)
+
+
+@dataclass
+class JournalEntry:
+    """One model call (or one refused attempt) as the proxy saw it."""
+
+    id: str  # the mitmproxy flow id; names the raw files
+    cell: str
+    slot: int | None  # instance slot from the control file when the request arrived
+    phase: Phase | None  # before / after the verdict, or between instances
+    mode: Mode
+    method: str
+    url: str
+    host: str
+    api: Api
+    model: str | None
+    stream: bool
+    status: int | None  # HTTP status the client got; None when no response arrived
+    refused: bool  # the proxy refused it (host not allowlisted) and nothing went upstream
+    request: Any  # parsed JSON request body, or None
+    response: Any  # parsed JSON response body, or the reassembled stream, or None
+    t_start: float  # unix seconds: request headers arrived at the proxy
+    t_first_byte: float | None  # first response byte (first body chunk for streams)
+    t_end: float
+    latency_s: float
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    cost_usd: float | None = None  # None when the model has no price in the table
+    error: str | None = None  # why the call did not end in a 2xx answer, or what went wrong
+    raw_request: str | None = None  # path of the gzip file, relative to the journal directory
+    raw_response: str | None = None
+
+    def to_json(self) -> str:
+        """The entry as one JSON line (no trailing newline)."""
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> JournalEntry:
+        """Parse one journal line; keys this version does not know are ignored."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError(f"a journal line must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def read_journal(path: str | os.PathLike[str]) -> list[JournalEntry]:
+    """All entries of a journal file (or of `journal.jsonl` in a directory).
+
+    A torn last line (the proxy was killed mid-write) is skipped; a bad line anywhere else is an
+    error naming the file and line.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / JOURNAL_FILE
+    lines = path.read_text(encoding="utf-8").split("\n")
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(JournalEntry.from_json(line))
+        except (ValueError, TypeError) as e:
+            if number == len(lines):  # no newline after it: the write was cut off
+                break
+            raise ValueError(f"{path}:{number}: not a journal entry ({e})") from e
+    return entries
+
+
+class JournalWriter:
+    """Appends entries and raw payloads to a journal directory; every line is fsynced."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        (self.directory / RAW_DIR).mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / JOURNAL_FILE
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, entry: JournalEntry) -> None:
+        self.write_line(entry.to_json())
+
+    def write_line(self, line: str) -> None:
+        """Append one already-serialized entry; durable when this returns."""
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def write_raw(self, entry_id: str, kind: Literal["req", "resp"], data: bytes) -> str:
+        """Store raw bytes gzip-compressed; returns the path relative to the journal directory."""
+        relative = f"{RAW_DIR}/{entry_id}.{kind}.gz"
+        with gzip.open(self.directory / relative, "wb", compresslevel=6) as f:
+            f.write(data)
+        return relative
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_slot(control_path: str | os.PathLike[str], slot: int | None, phase: Phase) -> None:
+    """Tell the proxy which slot and phase the cell is in; atomic (the proxy never sees half)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    if slot is not None and (not isinstance(slot, int) or isinstance(slot, bool)):
+        raise ValueError(f"slot must be an int or None, got {slot!r}")
+    control_path = Path(control_path)
+    control_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = control_path.with_name(f".{control_path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"slot": slot, "phase": phase, "t": time.time()}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, control_path)
+
+
+def read_slot(control_path: str | os.PathLike[str]) -> tuple[int | None, Phase | None]:
+    """The (slot, phase) last written by `write_slot`; (None, None) when there is no file yet."""
+    try:
+        text = Path(control_path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    try:
+        data = json.loads(text)
+        slot, phase = data["slot"], data["phase"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{control_path}: not a slot control file ({e}); "
+                         "it is written only by journal.write_slot") from e
+    if phase not in PHASES or not (slot is None or isinstance(slot, int)):
+        raise ValueError(f"{control_path}: slot {slot!r} / phase {phase!r} are not valid")
+    return slot, phase
