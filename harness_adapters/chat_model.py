@@ -61,7 +61,8 @@ class ModelUnavailable(RuntimeError):
 class ChatModel:
     def __init__(self, endpoint: ModelEndpoint):
         self.endpoint = endpoint
-        key = os.environ.get(endpoint.api_key_env) or PLACEHOLDER_KEY
+        # Behind the journaling proxy the key variable is empty: the proxy holds the real key.
+        key = (os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None) or PLACEHOLDER_KEY
         self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
                                     timeout=endpoint.timeout_s, max_retries=endpoint.max_retries)
 

@@ -14,10 +14,14 @@ grid_app = typer.Typer(no_args_is_help=True, help="Run grids of cells.")
 stream_app = typer.Typer(no_args_is_help=True, help="Inspect streams.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded offline solver model.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sources.")
+images_app = typer.Typer(no_args_is_help=True, help="Sandbox images (built from recipes, cached).")
+sandboxes_app = typer.Typer(no_args_is_help=True, help="Docker sandboxes of cells.")
 app.add_typer(grid_app, name="grid")
 app.add_typer(stream_app, name="stream")
 app.add_typer(model_app, name="model")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(images_app, name="images")
+app.add_typer(sandboxes_app, name="sandboxes")
 console = Console()
 
 
@@ -109,10 +113,13 @@ def stream_show(order: str = typer.Option("workstreams", help="sequential | work
 @model_app.command("serve")
 def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8765),
                 effort: str = typer.Option("medium", help="default effort: low | medium | high"),
-                workers: int = typer.Option(1)) -> None:
+                workers: int = typer.Option(1),
+                usage_log: Optional[Path] = typer.Option(
+                    None, help="append one JSON line of token counts per answered request")) -> None:
     """Serve the embedded solver model as an OpenAI-compatible endpoint."""
     from solver_model.server import serve
-    serve(host=host, port=port, effort_default=effort, workers=workers)
+    serve(host=host, port=port, effort_default=effort, workers=workers,
+          usage_log=str(usage_log) if usage_log else None)
 
 
 @tasks_app.command("list")
@@ -131,6 +138,60 @@ def tasks_list(source: str = typer.Option("own", help="own | arc1 | arc2")) -> N
         console.print(" ".join(sorted(arc2_new_eval_tasks())))
     else:
         _fail(f"unknown source {source!r}")
+
+
+@images_app.command("build")
+def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes (default: all)"),
+                 offline: bool = typer.Option(False, "--offline",
+                                              help="base on a debootstrap rootfs, not a registry image"),
+                 base: str = typer.Option("auto", help="auto | registry | offline")) -> None:
+    """Build the images of the named recipes (and their parents); print each tag and size."""
+    import time
+
+    from sandboxes.images import RECIPES, ImageBuildError, docker_client, ensure_image, image_size_mb
+    chosen = "offline" if offline else base
+    if chosen not in ("auto", "registry", "offline"):
+        _fail(f"--base {base!r}: use auto, registry or offline")
+    try:
+        client = docker_client()
+        for name in names or list(RECIPES):
+            start = time.monotonic()
+            with console.status(f"building {name} ..."):
+                tag = ensure_image(name, chosen, client)
+            console.print(f"{name:<16} {tag:<40} {image_size_mb(client, tag):8.0f} MB "
+                          f"{time.monotonic() - start:6.1f} s", highlight=False)
+    except ImageBuildError as exc:
+        _fail(str(exc))
+
+
+@sandboxes_app.command("prune")
+def sandboxes_prune(run: Optional[str] = typer.Option(None, help="only this run id")) -> None:
+    """Remove the containers, networks and volumes a crashed run left behind (found by label)."""
+    from sandboxes.docker_sandbox import prune
+    from sandboxes.images import ImageBuildError
+    try:
+        pruned = prune(run=run)
+    except ImageBuildError as exc:
+        _fail(str(exc))
+    console.print(f"removed {len(pruned.containers)} containers, {len(pruned.networks)} networks, "
+                  f"{len(pruned.volumes)} volumes")
+
+
+@app.command("doctor")
+def doctor(endpoint: Optional[str] = typer.Option(None, help="a model base URL to check "
+                                                            "(default: the embedded model)")) -> None:
+    """Check the Docker engine, images, proxy and model endpoint; say how to fix what is missing."""
+    from rich.table import Table
+
+    from sandboxes.doctor import run_checks
+    table = Table("check", "", "detail", "fix")
+    checks = run_checks(endpoint)
+    for check in checks:
+        table.add_row(check.name, "[green]ok[/green]" if check.ok else "[red]missing[/red]",
+                      check.detail, check.fix)
+    console.print(table)
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,24 @@ class LimitsConfig(_Strict):
         return Limits(max_malformed=self.max_malformed, wall_clock_s=self.wall_clock_s)
 
 
+class SandboxConfig(_Strict):
+    """Where learners' code runs: Docker sandboxes (the default) or host processes."""
+
+    engine: Literal["docker", "process"] = Field(
+        "docker", description="docker: program checks and harnesses in containers; process: "
+                              "program checks in host subprocesses (no Docker needed)")
+    base: Literal["auto", "registry", "offline"] = Field(
+        "auto", description="image base: a registry image, the offline debootstrap rootfs, or "
+                            "auto (registry when reachable)")
+    cpus: float = Field(1.0, gt=0)
+    memory: str = "2g"
+    pids: int = Field(512, ge=16)
+
+
+class ProxyConfig(_Strict):
+    journal: bool = Field(True, description="route every model call through the journaling proxy")
+
+
 class GridConfig(_Strict):
     name: str
     seed: int = 0
@@ -105,6 +123,8 @@ class GridConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     prompts: Path | None = None
     workers: int = Field(2, ge=1, le=64)
+    sandbox: SandboxConfig = SandboxConfig()
+    proxy: ProxyConfig = ProxyConfig()
 
     @field_validator("learners", mode="before")
     @classmethod

@@ -62,7 +62,8 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1) -> Iterator
             port = free_port()
             out = open(log_dir / f"model-server-{number}.log", "ab")
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
-                   "127.0.0.1", "--port", str(port)]
+                   "127.0.0.1", "--port", str(port),
+                   "--usage-log", str(log_dir / f"model-usage-{number}.jsonl")]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=die_with_parent))
             out.close()
@@ -149,11 +150,47 @@ def run_grid_path(run_dir: Path) -> Path:
     return run_dir / "grid.yaml"
 
 
+def needs_docker(grid: GridConfig) -> bool:
+    return grid.sandbox.engine == "docker" and any(c.learner == "program-library" for c in grid.cells())
+
+
+def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> None:
+    """Build (or find) the images before any cell starts, and clear a crashed attempt's leftovers."""
+    from rich.console import Console
+
+    from sandboxes.docker_sandbox import prune
+    from sandboxes.images import ensure_image
+
+    with Console().status("preparing sandbox images ...") if show_progress else _nothing():
+        ensure_image("base", grid.sandbox.base)
+    pruned = prune(run=run_dir.name)
+    if pruned.containers:
+        log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
 def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> None:
     """Run (or continue) every cell of the run in `run_dir`."""
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     cells = grid.cells()
+    docker_used = needs_docker(grid)
+    if docker_used:
+        prepare_sandboxes(grid, run_dir, show_progress)
+    try:
+        _execute(run_dir, grid_path, grid, cells, workers, show_progress)
+    finally:
+        if docker_used:  # teardown runs in every cell; this catches what a killed worker left
+            from sandboxes.docker_sandbox import prune
+            prune(run=run_dir.name)
+
+
+def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell],
+             workers: int | None, show_progress: bool) -> None:
     workers = workers or min(grid.workers, len(cells))
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()

@@ -7,6 +7,7 @@ from pathlib import Path
 from harness_adapters.base import Learner
 from harness_adapters.chat_model import ChatModel
 from harness_adapters.demo_cache_floor import DemoCacheFloor
+from harness_adapters.program_check import ProgramExecutor, local_executor
 from harness_adapters.program_library import ProgramLibrary
 from harness_adapters.stateless_floor import StatelessFloor
 from orchestrator.grid_config import Cell
@@ -19,6 +20,8 @@ LADDER = {
 }
 
 
-
-def build_learner(cell: Cell, state_dir: Path, prompts: PromptSet, model: ChatModel) -> Learner:
+def build_learner(cell: Cell, state_dir: Path, prompts: PromptSet, model: ChatModel,
+                  executor: ProgramExecutor = local_executor) -> Learner:
+    if cell.learner == "program-library":
+        return ProgramLibrary(state_dir, prompts, model, executor=executor)
     return LADDER[cell.learner](state_dir, prompts, model)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import shutil
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ import structlog
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc import as_grid
+from orchestrator.cell_services import CellServices, cell_services
 from orchestrator.grid_config import Cell, GridConfig
 from orchestrator.learners import build_learner
 from orchestrator.prompts import PromptSet
@@ -111,41 +110,34 @@ class CellRunner:
         truncate_torn_tail(self.events_path)
         events = read_events(self.events_path)
         finished = {e.slot for e in events if e.type == "instance_end"}
-        model = ChatModel(self.grid.model.endpoint_for(self.cell.effort, self.model_base_url))
-        learner = build_learner(self.cell, self.state_dir, self.prompts, model)
-        try:
-            with EventLog(self.events_path) as journal:
-                if events:  # resuming: the state must be as it was after the last finished slot
-                    done = [s for s in schedule if s.index in finished]
-                    self._restore(done[-1] if done else None)
-                for position, slot in enumerate(schedule):
-                    if slot.index in finished:
-                        continue
-                    partial = [e for e in events if e.slot == slot.index]
-                    self._run_slot(slot, learner, journal, partial)
-                    self.progress(position + 1, len(schedule))
-        finally:
-            learner.close()
+        with cell_services(self.grid, self.cell, self.cell_dir, self.model_base_url) as services:
+            self.services = services
+            endpoint = self.grid.model.endpoint_for(self.cell.effort, services.model_base_url)
+            if services.proxy is not None:  # the proxy injects the real key; the learner has none
+                endpoint = endpoint.model_copy(update={"api_key_env": ""})
+            learner = build_learner(self.cell, self.state_dir, self.prompts, ChatModel(endpoint),
+                                    services.executor)
+            try:
+                with EventLog(self.events_path) as journal:
+                    if events:  # resuming: the state must be as it was after the last finished slot
+                        done = [s for s in schedule if s.index in finished]
+                        self._restore(done[-1] if done else None)
+                    for position, slot in enumerate(schedule):
+                        if slot.index in finished:
+                            continue
+                        partial = [e for e in events if e.slot == slot.index]
+                        self._run_slot(slot, learner, journal, partial)
+                        services.set_slot(None, "between")
+                        self.progress(position + 1, len(schedule))
+            finally:
+                learner.close()
 
     # --- state volume: wipe, snapshot, restore --------------------------------------------------
 
-    def _wipe(self) -> None:
-        shutil.rmtree(self.state_dir)
-        self.state_dir.mkdir()
-
-    def _snapshot(self, slot: ScheduledSlot) -> None:
-        path = self.snapshots / f"{slot.index:05d}.tar.gz"
-        tmp = path.with_suffix(".tmp")
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(self.state_dir, arcname=".")
-        tmp.replace(path)
-
     def _restore(self, previous: ScheduledSlot | None) -> None:
         """Put the state back as it was after the last finished instance (empty before the first)."""
-        self._wipe()
-        if previous is not None:
-            with tarfile.open(self.snapshots / f"{previous.index:05d}.tar.gz") as tar:
-                tar.extractall(self.state_dir, filter="data")
+        source = None if previous is None else self.snapshots / f"{previous.index:05d}.tar.gz"
+        self.services.state.restore(source)
 
     # --- one instance -------------------------------------------------------------------------
 
@@ -161,7 +153,8 @@ class CellRunner:
         history: list[StepRecord] = []
         usage = Usage()
         if slot.wipe_before:
-            self._wipe()
+            self.services.state.wipe()
+        self.services.set_slot(slot.index, "after" if protocol.over else "before")
         if partial:
             for event in partial:
                 if event.type != "step":
@@ -211,6 +204,8 @@ class CellRunner:
                     prompt_tokens=turn.usage.prompt_tokens,
                     completion_tokens=turn.usage.completion_tokens,
                     model_s=round(turn.usage.seconds, 4), cost_usd=turn.usage.usd))
+                if protocol.over:
+                    self.services.set_slot(slot.index, "after")
                 learner.observe(outcome, protocol.wrong, protocol.demos_used)
         except ModelUnavailable as exc:
             learner_error = f"model unavailable: {exc}"
@@ -229,7 +224,7 @@ class CellRunner:
             journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
         (self.transcripts / f"{slot.index:05d}.json").write_text(
             json.dumps(learner.transcript(), indent=1))
-        self._snapshot(slot)
+        self.services.state.snapshot(self.snapshots / f"{slot.index:05d}.tar.gz")
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
             reason=protocol.failure_reason, demos_used=protocol.demos_used,

@@ -141,12 +141,14 @@ class DockerSandbox(SandboxEnvironment):
 
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
+        (proxy.journal_dir / "proxy.ready").unlink(missing_ok=True)
         ca_dir = proxy.ca_dir or shared_ca_dir()
         env = {}
         if proxy.key_env and os.environ.get(proxy.key_env):
             env[proxy.key_env] = os.environ[proxy.key_env]  # the real key: proxy only
-        args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{proxy.upstream}@{REVERSE_PORT}",
-                "--set", "confdir=/ca", "--set", "connection_strategy=lazy",
+        target = re.match(r"^[a-z]+://[^/]+", proxy.upstream).group(0)  # mitmproxy wants no path
+        args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{target}@{REVERSE_PORT}",
+                "--set", "confdir=/ca", "--set", "connection_strategy=lazy", "--set", "anticomp=true",
                 "--set", "carc_journal_dir=/journal", "--set", f"carc_cell={self.spec.cell}",
                 "--set", "carc_control=/journal/slot.json",
                 "--set", f"carc_allow={','.join(proxy.allow)}",
@@ -173,7 +175,8 @@ class DockerSandbox(SandboxEnvironment):
             logs = container.logs().decode("utf-8", "replace")
             if container.status == "exited":
                 raise SandboxError(f"{container.name}: the proxy exited:\n{logs[-2000:]}")
-            if ("listening" in logs and logs.count("listening") >= 2
+            # The addon writes proxy.ready once loaded (an open port alone is not readiness).
+            if ((self.spec.proxy.journal_dir / "proxy.ready").exists()
                     and (ca_dir / "mitmproxy-ca-cert.pem").exists()):
                 return
             time.sleep(0.1)

@@ -81,8 +81,8 @@ def check_proxy_ca() -> Check:
 
 
 def check_mitmproxy() -> Check:
-    from proxy.host import MITMPROXY_VERSION, venv_dir
-    mitmdump = Path(venv_dir()) / "bin" / "mitmdump"
+    from proxy.host import MITMPROXY_VERSION, mitmproxy_venv
+    mitmdump = mitmproxy_venv() / "bin" / "mitmdump"
     if mitmdump.exists():
         return Check("host mitmproxy", True, f"{mitmdump} ({MITMPROXY_VERSION})")
     return Check("host mitmproxy", False, f"{mitmdump} missing",

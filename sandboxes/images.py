@@ -281,9 +281,11 @@ def ensure_image(name: str, base: Base = "auto", client: docker.DockerClient | N
         raise ImageBuildError(f"no image recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
     client = client or docker_client()
     recipe = RECIPES[name]
-    with build_lock():
-        parent = (ensure_image(recipe.parent, base, client, build) if recipe.parent
-                  else machine_base(client, base))
+    if recipe.parent:
+        parent = ensure_image(recipe.parent, base, client, build)
+    else:
+        with build_lock():  # flock is not re-entrant: never held across the recursion
+            parent = machine_base(client, base)
     context = render(recipe, parent)
     tag = f"carc-{name}:{context.digest()}"
     if not build:

@@ -8,5 +8,9 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq chromium >/dev/null
 fi
+# A real Docker engine for the sandbox, proxy and security tests (never mocked).
+bash scripts/docker-up.sh
 python3 -m pip install --quiet -e '.[test]'
+# Images the Docker tests use (offline base when no registry answers); cached by content hash.
+carc images build base proxy
 python3 -m pytest -q "$@"

@@ -44,6 +44,7 @@ from solver_model.search import EFFORTS
 MODEL = "carc-solver"
 MODEL_IDS = (MODEL,) + tuple(f"{MODEL}-{effort}" for effort in EFFORTS)
 EFFORT_ENV = "CARC_SOLVER_EFFORT"
+USAGE_LOG_ENV = "CARC_SOLVER_USAGE_LOG"
 # Reasoning-effort values other OpenAI models accept, mapped onto the search's three levels.
 EFFORT_ALIASES = {"none": "low", "minimal": "low", "xhigh": "high"}
 STREAM_PIECES = 4
@@ -221,8 +222,12 @@ def _pieces(text: str, count: int) -> list[str]:
 # --- the app ----------------------------------------------------------------------------------
 
 def create_app(effort_default: str = "medium", search: SearchFn | None = None,
-               threads: int = 4) -> FastAPI:
-    """The FastAPI app. `search` replaces the real program search (tests inject one)."""
+               threads: int = 4, usage_log: str | None = None) -> FastAPI:
+    """The FastAPI app. `search` replaces the real program search (tests inject one).
+
+    `usage_log`: a file that gets one JSON line per answered request with the tokens counted
+    (the server's own count, which a run's proxy journal is checked against).
+    """
     if effort_default not in EFFORTS:
         raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="carc-solver")
@@ -247,10 +252,14 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
     async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any) -> Answer:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(pool, _answer, messages, effort, extra_prompt, search)
+            answer = await loop.run_in_executor(pool, _answer, messages, effort, extra_prompt, search)
         except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
             raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
                                "server_error") from exc
+        if usage_log:
+            with open(usage_log, "a") as ledger:
+                ledger.write(json.dumps({"t": time.time(), **answer.usage()}) + "\n")
+        return answer
 
     @router.get("/models")
     async def list_models() -> dict[str, Any]:
@@ -376,11 +385,12 @@ def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
 
 def app_from_environment() -> FastAPI:
     """App factory for uvicorn workers: the default effort comes from $CARC_SOLVER_EFFORT."""
-    return create_app(os.environ.get(EFFORT_ENV, "medium"))
+    return create_app(os.environ.get(EFFORT_ENV, "medium"),
+                      usage_log=os.environ.get(USAGE_LOG_ENV) or None)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
-          workers: int = 1, log_level: str = "info") -> None:
+          workers: int = 1, log_level: str = "info", usage_log: str | None = None) -> None:
     """Run the server until interrupted; `workers` processes share the port (search is CPU-bound).
 
     Blocks; stop it with SIGINT or SIGTERM.
@@ -390,5 +400,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medi
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     os.environ[EFFORT_ENV] = effort_default  # read by app_from_environment in every worker
+    if usage_log:
+        os.environ[USAGE_LOG_ENV] = usage_log
     uvicorn.run("solver_model.server:app_from_environment", factory=True, host=host, port=port,
                 workers=workers, log_level=log_level)

@@ -1,0 +1,166 @@
+"""Sandbox and proxy timings, measured in one run on the real engine and the real mitmproxy.
+
+    python bench/sandbox.py [--rounds 20] [--calls 300]
+
+Prints container start (sandbox alone, and sandbox + proxy container), exec, wipe, snapshot and
+restore times (median and p90 over rounds, with a state volume of ~200 files / 2 MB), and the
+proxy's added latency (p50, p99) against a direct call, for a small JSON response and a streamed
+(server-sent events) response. Targets from the sandbox issue: wipe < 0.25 s, proxy p50 < 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+from fastapi.responses import StreamingResponse  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from proxy.host import HostProxy  # noqa: E402
+from sandboxes.docker_sandbox import DockerSandbox, ProxySpec, SandboxSpec, prune  # noqa: E402
+from sandboxes.images import docker_client, ensure_image  # noqa: E402
+
+console = Console()
+RUN = "bench-sandbox"
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_sandbox(rounds: int) -> dict[str, list[float]]:
+    client = docker_client()
+    base = ensure_image("base", "auto", client)
+    proxy_image = ensure_image("proxy", "auto", client)
+    times: dict[str, list[float]] = {k: [] for k in
+                                     ("start", "start+proxy", "exec", "wipe", "snapshot", "restore", "teardown")}
+    fill = ("i=0; while [ $i -lt 200 ]; do mkdir -p /state/d$((i % 10)); "
+            "head -c 10000 /dev/urandom > /state/d$((i % 10))/f$i; i=$((i+1)); done")
+    with tempfile.TemporaryDirectory() as tmp:
+        snap = Path(tmp) / "snap.tar.gz"
+        for number in range(rounds):
+            spec = SandboxSpec(base, RUN, f"bench-{number}")
+            box = DockerSandbox(spec, client)
+            times["start"].append(timed(box.start))
+            times["exec"].append(timed(lambda: box.exec(["true"])))
+            box.exec(["sh", "-c", fill])
+            box.exec(["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 &"])
+            times["snapshot"].append(timed(lambda: box.snapshot(snap)))
+            times["wipe"].append(timed(box.wipe))
+            times["restore"].append(timed(lambda: box.restore(snap)))
+            times["teardown"].append(timed(box.teardown))
+        for number in range(max(3, rounds // 4)):
+            spec = SandboxSpec(base, RUN, f"bench-proxy-{number}", proxy=ProxySpec(
+                proxy_image, Path(tmp) / f"journal-{number}", "http://host.docker.internal:9/v1"))
+            box = DockerSandbox(spec, client)
+            times["start+proxy"].append(timed(box.start))
+            box.teardown()
+    prune(client, run=RUN)
+    return times
+
+
+def upstream_app() -> FastAPI:
+    app = FastAPI()
+    small = {"id": "c1", "object": "chat.completion", "model": "m",
+             "choices": [{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": "ok"}}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        if not body.get("stream"):
+            return small
+
+        async def events():
+            for k in range(20):
+                yield ('data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":'
+                       f'[{{"index":0,"delta":{{"content":"piece{k} "}}}}]}}\n\n')
+                await asyncio.sleep(0)
+            yield 'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],' \
+                  '"usage":{"prompt_tokens":5,"completion_tokens":20,"total_tokens":25}}\n\n'
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return app
+
+
+def bench_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
+    server = uvicorn.Server(uvicorn.Config(upstream_app(), host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    upstream = f"http://127.0.0.1:{port}/v1"
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, HostProxy(Path(tmp), "bench", upstream) as proxy:
+        for label, base_url in (("direct", upstream), ("proxy", proxy.base_url)):
+            results[label] = {"small": [], "streamed": []}
+            with httpx.Client(timeout=30) as http:
+                for kind in ("small", "streamed"):
+                    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                            "stream": kind == "streamed"}
+                    for number in range(calls + 10):
+                        start = time.perf_counter()
+                        response = http.post(f"{base_url}/chat/completions", json=body)
+                        response.read()
+                        if number >= 10:  # warm-up calls are not counted
+                            results[label][kind].append(time.perf_counter() - start)
+    server.should_exit = True
+    thread.join(5)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+
+    with console.status("sandbox lifecycle ..."):
+        times = bench_sandbox(args.rounds)
+    table = Table("operation", "median s", "p90 s", "n", title="sandbox (real Docker engine)")
+    for name, values in times.items():
+        table.add_row(name, f"{statistics.median(values):.3f}", f"{quantile(values, 0.9):.3f}",
+                      str(len(values)))
+    console.print(table)
+    wipe = statistics.median(times["wipe"])
+    console.print(f"wipe median {wipe:.3f} s (target < 0.25 s: {'met' if wipe < 0.25 else 'NOT met'})")
+
+    with console.status("proxy latency ..."):
+        latency = bench_proxy(args.calls)
+    table = Table("response", "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms",
+                  "proxy p99 ms", "added p99 ms", "ratio p50", title="proxy (host mitmdump, reverse mode)")
+    added_small = 0.0
+    for kind in ("small", "streamed"):
+        d, p = latency["direct"][kind], latency["proxy"][kind]
+        d50, p50, d99, p99 = (quantile(d, .5) * 1e3, quantile(p, .5) * 1e3,
+                              quantile(d, .99) * 1e3, quantile(p, .99) * 1e3)
+        added_small = added_small or p50 - d50
+        table.add_row(kind, f"{d50:.2f}", f"{p50:.2f}", f"{p50 - d50:.2f}", f"{d99:.2f}",
+                      f"{p99:.2f}", f"{p99 - d99:.2f}", f"{p50 / d50:.2f}")
+    console.print(table)
+    console.print(f"proxy added p50 (small) {added_small:.2f} ms (target < 5 ms: "
+                  f"{'met' if added_small < 5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""What a cell runs with: its journaling proxy, its state volume, and where programs are run.
+
+Every learner's model calls pass a journaling mitmproxy: the ladder learners (which live in the
+runner's process) get a host-side `mitmdump` in reverse mode in front of the model endpoint;
+harness learners get a proxy container beside their sandbox (harness adapters). The proxy holds
+the real key; the learner only ever has the placeholder. The program library's programs run in a
+Docker container with no network (`sandbox.engine: docker`) or a host subprocess (`process`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
+from orchestrator.grid_config import Cell, GridConfig
+
+
+class HostStateDir:
+    """A learner's state as a host folder (the ladder learners): wipe, snapshot, restore."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.path)
+        self.path.mkdir()
+
+    def snapshot(self, dest: Path) -> None:
+        tmp = dest.with_suffix(".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(self.path, arcname=".")
+        tmp.replace(dest)
+
+    def restore(self, source: Path | None) -> None:
+        self.wipe()
+        if source is not None:
+            with tarfile.open(source) as tar:
+                tar.extractall(self.path, filter="data")
+
+
+@dataclass
+class CellServices:
+    model_base_url: str          # what the learner calls: the proxy, never the endpoint itself
+    state: HostStateDir
+    executor: ProgramExecutor
+    proxy: object | None = None  # proxy.host.HostProxy
+
+    def set_slot(self, slot: int | None, phase: str) -> None:
+        """Tell the proxy which instance slot (and which side of its verdict) calls belong to."""
+        if self.proxy is not None:
+            self.proxy.set_slot(slot, phase)
+
+
+def journal_dir(cell_dir: Path) -> Path:
+    return cell_dir / "journal"
+
+
+@contextmanager
+def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
+    """Start the cell's proxy (and program sandbox); everything is torn down on exit, always."""
+    from proxy.host import HostProxy
+
+    with ExitStack() as stack:
+        proxy = None
+        base_url = upstream
+        if grid.proxy.journal:
+            host = urlsplit(upstream).netloc
+            proxy = stack.enter_context(HostProxy(
+                journal_dir(cell_dir), cell.cell, upstream, allow=(host,),
+                key_env=grid.model.api_key_env, mode="reverse"))
+            base_url = proxy.base_url
+        executor: ProgramExecutor = local_executor
+        if cell.learner == "program-library" and grid.sandbox.engine == "docker":
+            from sandboxes.docker_sandbox import DockerSandbox, Limits, SandboxSpec
+            from sandboxes.images import ensure_image
+
+            spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=cell_dir.parent.parent.name,
+                               cell=cell.cell, proxy=None, volume=False,
+                               limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory,
+                                             pids=grid.sandbox.pids))
+            sandbox = DockerSandbox(spec).start()
+            stack.callback(sandbox.teardown)
+            executor = SandboxExecutor(sandbox)
+        yield CellServices(base_url, HostStateDir(cell_dir / "state"), executor, proxy)

