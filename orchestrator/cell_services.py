@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.grid_config import Cell, GridConfig
+from orchestrator.records import write_json
 
 
 class HostStateDir:
@@ -77,6 +78,8 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
                 key_env=grid.model.api_key_env, mode="reverse"))
             base_url = proxy.base_url
         executor: ProgramExecutor = local_executor
+        record = {"proxy": "host-mitmdump" if proxy else None, "model_base_url": base_url,
+                  "upstream": upstream, "program_checks": "host-process"}
         if cell.learner == "program-library" and grid.sandbox.engine == "docker":
             from sandboxes.docker_sandbox import DockerSandbox, Limits, SandboxSpec
             from sandboxes.images import ensure_image
@@ -88,4 +91,6 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             sandbox = DockerSandbox(spec).start()
             stack.callback(sandbox.teardown)
             executor = SandboxExecutor(sandbox)
+            record.update(program_checks="docker", image=spec.image, container=sandbox.container.name)
+        write_json(cell_dir / "sandbox.json", record)  # how this cell was isolated, for the audit
         yield CellServices(base_url, HostStateDir(cell_dir / "state"), executor, proxy)
