@@ -69,6 +69,7 @@ class ProxySpec:
     allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
     key_env: str = ""            # host variable holding the real key; copied into the proxy only
     ca_dir: Path | None = None   # host folder holding mitmproxy's CA (default: the machine's)
+    upstream_ca: Path | None = None  # a private CA the model host's certificate is signed by
 
 
 @dataclass
@@ -153,12 +154,17 @@ class DockerSandbox(SandboxEnvironment):
                 "--set", "carc_control=/journal/slot.json",
                 "--set", f"carc_allow={','.join(proxy.allow)}",
                 "--set", f"carc_key_env={proxy.key_env if env else ''}"]
+        mounts = [Mount("/journal", str(proxy.journal_dir.resolve()), type="bind"),
+                  Mount("/ca", str(ca_dir.resolve()), type="bind")]
+        if proxy.upstream_ca is not None:
+            mounts.append(Mount("/upstream-ca.pem", str(proxy.upstream_ca.resolve()), type="bind",
+                                read_only=True))
+            args += ["--set", "ssl_verify_upstream_trusted_ca=/upstream-ca.pem"]
         container = self.client.containers.create(
             proxy.image, args, name=f"{self.name}-proxy", detach=True, init=True,
             user=f"{os.getuid()}:{os.getgid()}", read_only=True,
             tmpfs={"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"},
-            mounts=[Mount("/journal", str(proxy.journal_dir.resolve()), type="bind"),
-                    Mount("/ca", str(ca_dir.resolve()), type="bind")],
+            mounts=mounts,
             security_opt=["no-new-privileges"], cap_drop=["ALL"], environment={"HOME": "/tmp", **env},
             network=EGRESS_NETWORK if ensure_egress_network(self.client) else None,
             extra_hosts={"host.docker.internal": "host-gateway"}, mem_limit="512m",

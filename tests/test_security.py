@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -32,8 +33,7 @@ def bridge_gateway(client) -> str:
     return client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
 
 
-@pytest.fixture(scope="module")
-def upstream(client):
+def serve_upstream(client, **ssl):
     """A scripted model endpoint on the host's docker0 address; it reports whether it saw the key."""
     app = FastAPI()
     seen: list[dict] = []
@@ -53,7 +53,7 @@ def upstream(client):
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", **ssl))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -61,6 +61,24 @@ def upstream(client):
     yield {"host": host, "port": port, "seen": seen}
     server.should_exit = True
     thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def upstream(client):
+    yield from serve_upstream(client)
+
+
+@pytest.fixture(scope="module")
+def tls_upstream(client, tmp_path_factory):
+    """The same endpoint over HTTPS with a private certificate for host.docker.internal."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=host.docker.internal",
+                    "-addext", "subjectAltName=DNS:host.docker.internal"],
+                   check=True, capture_output=True)
+    for endpoint in serve_upstream(client, ssl_keyfile=str(key), ssl_certfile=str(cert)):
+        yield {**endpoint, "ca": cert}
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +212,31 @@ def test_the_sandbox_trusts_the_proxy_ca_through_every_ca_variable(cell):
     check = box.exec(["python3", "-c", "import ssl; c = ssl.create_default_context(); "
                       "print(len(c.get_ca_certs()))"]).text().strip()
     assert check == "1"
+
+
+def test_https_through_connect_to_an_allowlisted_host_is_intercepted_and_trusted(
+        base_image, proxy_image, client, run_id, tls_upstream, tmp_path):
+    """The HTTPS_PROXY path: CONNECT, mitmproxy's certificate, trusted via SSL_CERT_FILE."""
+    os.environ[KEY_ENV] = REAL_KEY
+    origin = f"host.docker.internal:{tls_upstream['port']}"
+    spec = SandboxSpec(base_image, run_id, "cell-https", proxy=ProxySpec(
+        proxy_image, tmp_path / "journal", f"https://{origin}/v1", allow=(origin,),
+        key_env=KEY_ENV, upstream_ca=tls_upstream["ca"]))
+    try:
+        with DockerSandbox(spec, client).start() as box:
+            code = (
+                "import json, os, urllib.request\n"
+                "body = json.dumps({'model': 'm2', 'messages': []}).encode()\n"
+                f"req = urllib.request.Request('https://{origin}/v1/chat/completions', data=body,\n"
+                "    headers={'content-type': 'application/json',\n"
+                "             'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+                "print(urllib.request.urlopen(req, timeout=20).read().decode())\n")
+            result = box.exec(["python3", "-c", code], timeout=60)
+            assert result.ok, result.stderr.decode()[-800:]
+            assert json.loads(result.stdout)["saw_real_key"] is True
+            entries = read_journal(tmp_path / "journal" / "journal.jsonl")
+            call = [e for e in entries if e.api == "openai-chat"][-1]
+            assert (call.mode, call.status, call.model) == ("regular", 200, "m2")
+            assert call.url.startswith("https://host.docker.internal")
+    finally:
+        os.environ.pop(KEY_ENV, None)
