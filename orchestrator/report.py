@@ -19,6 +19,8 @@ import pandas as pd
 import yaml
 
 from orchestrator import analysis, plots, report_html
+from orchestrator.journal_summary import TITLE as JOURNAL_TITLE
+from orchestrator.journal_summary import journal_section
 from orchestrator.records import Event, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
@@ -435,6 +437,9 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = analysis.RESAMPL
     rng = np.random.default_rng(seed)
     result = analysis.analyse(frame, cells, rng, resamples)
     measures = measure_sections(frame, cells, rng, resamples)
+    calls = journal_section(run_dir)
+    if calls is not None:
+        measures[JOURNAL_TITLE] = calls
     unfinished = analysis.unfinished_instances(events)
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = run_dir / "report.md"

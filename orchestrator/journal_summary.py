@@ -1,0 +1,53 @@
+"""Compute as the proxy saw it: one row per cell from its journal (every model call, refusals too).
+
+The events carry the learner's own per-call measurements; the journal is the independent record
+(it also holds calls a harness makes on its own, e.g. background reviews after the verdict).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from proxy.journal import JOURNAL_FILE, read_journal
+
+TITLE = "Model calls (proxy journal)"
+INTRO = ("Every model call as the journaling proxy recorded it: calls, refused requests (hosts "
+         "not on the allowlist), calls that ended in an error, calls made after an instance's "
+         "verdict or between instances, tokens, cost from the price table, and latency.")
+COLUMNS = ["cell", "calls", "refused", "errors", "after verdict", "prompt tokens",
+           "completion tokens", "cost USD", "latency p50 s", "latency p99 s"]
+
+
+def journal_frame(run_dir: Path) -> pd.DataFrame:
+    """One row per journal line of every cell of the run."""
+    rows = []
+    for cell_dir in sorted((run_dir / "cells").iterdir()):
+        path = cell_dir / "journal" / JOURNAL_FILE
+        if not path.exists():
+            continue
+        for entry in read_journal(path):
+            rows.append({"cell": cell_dir.name, "slot": entry.slot, "phase": entry.phase,
+                         "refused": entry.refused, "error": entry.error is not None,
+                         "prompt_tokens": entry.prompt_tokens or 0,
+                         "completion_tokens": entry.completion_tokens or 0,
+                         "cost_usd": entry.cost_usd or 0.0, "latency_s": entry.latency_s})
+    return pd.DataFrame(rows, columns=["cell", "slot", "phase", "refused", "error", "prompt_tokens",
+                                       "completion_tokens", "cost_usd", "latency_s"])
+
+
+def journal_section(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
+    frame = journal_frame(run_dir)
+    if frame.empty:
+        return None
+    rows = []
+    for cell, calls in frame.groupby("cell", sort=True):
+        latency = calls["latency_s"].dropna()
+        rows.append([cell, len(calls), int(calls["refused"].sum()), int(calls["error"].sum()),
+                     int(calls["phase"].isin(["after", "between"]).sum()),
+                     int(calls["prompt_tokens"].sum()), int(calls["completion_tokens"].sum()),
+                     f"{calls['cost_usd'].sum():.4f}",
+                     f"{latency.quantile(0.5):.3f}" if len(latency) else "",
+                     f"{latency.quantile(0.99):.3f}" if len(latency) else ""])
+    return INTRO, pd.DataFrame(rows, columns=COLUMNS)
