@@ -211,8 +211,11 @@ def machine_base(client: docker.DockerClient, base: Base) -> str:
         return offline_base(client)
     if base == "registry":
         return registry_base(client)
+    # auto: whatever base this machine already has, so a registry is asked at most once
     if _exists(client, REGISTRY_BASE):
         return REGISTRY_BASE
+    if _exists(client, offline_base_tag()):
+        return offline_base_tag()
     try:
         return registry_base(client)
     except ImageBuildError:
