@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.grid_config import Cell, GridConfig
 from orchestrator.records import write_json
+from sandboxes.environment import StateVolume
 
 
 class HostStateDir:
@@ -49,7 +50,7 @@ class HostStateDir:
 @dataclass
 class CellServices:
     model_base_url: str          # what the learner calls: the proxy, never the endpoint itself
-    state: HostStateDir
+    state: StateVolume           # HostStateDir for the ladder; a DockerSandbox for harnesses
     executor: ProgramExecutor
     proxy: object | None = None  # proxy.host.HostProxy
 

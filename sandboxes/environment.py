@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,16 @@ class ExecResult:
 
     def text(self) -> str:
         return self.stdout.decode("utf-8", "replace")
+
+
+class StateVolume(Protocol):
+    """What the runner needs of a learner's state: a host folder (ladder) or a sandbox volume."""
+
+    def wipe(self) -> None: ...
+
+    def snapshot(self, dest: Path) -> None: ...
+
+    def restore(self, source: Path | None) -> None: ...
 
 
 class SandboxError(RuntimeError):
