@@ -88,3 +88,21 @@ def test_the_report_has_the_journal_section_with_every_call(run_dir):
     counted = [int(line.split("|")[2]) for line in section.splitlines()
                if line.startswith("|") and "." in line.split("|")[1]]
     assert sum(counted) == calls
+
+
+def test_a_grid_without_docker_or_proxy_runs_with_host_program_checks(tmp_path):
+    """sandbox.engine: process and proxy.journal: false are honoured (and recorded per cell)."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: nodocker\nseed: 1\ntrack: {name: own, tasks: 2, visits: 2, epilogue: 0,"
+                    " fresh_reference: false}\nefforts: [low]\nlearners: [program-library]\n"
+                    "sandbox: {engine: process}\nproxy: {journal: false}\nworkers: 1\n")
+    run = tmp_path / "runs" / "nodocker"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(grid.read_text())
+    execute(run, show_progress=False)
+    cell = next((run / "cells").iterdir())
+    record = json.loads((cell / "sandbox.json").read_text())
+    assert (record["proxy"], record["program_checks"]) == (None, "host-process")
+    assert record["model_base_url"] == record["upstream"]
+    assert not (cell / "journal").exists()
+    assert sum(e.type == "instance_end" for e in read_events(cell / "events.jsonl")) == 4
