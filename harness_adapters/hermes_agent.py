@@ -1,0 +1,124 @@
+"""hermes-agent as a black-box learner in its Docker sandbox (WORK IN PROGRESS, issue 4).
+
+The adapter is mostly data: the pinned version, the image recipe (harness_adapters/recipes/
+hermes-agent: the package from a host wheelhouse plus an in-sandbox driver), the config it renders
+onto the state volume, and the conversation driver: one `docker exec` of the driver per message,
+which runs the agent in-process, resumes the conversation from hermes' own state.db by session id
+and joins the background review before it exits. Every model call goes through the cell's proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness_adapters.base import InstanceView, Learner, Turn
+from harness_adapters.chat_model import Usage
+from orchestrator.prompts import PromptSet
+from orchestrator.protocol import Outcome
+from sandboxes.docker_sandbox import DockerSandbox
+from sandboxes.images import Recipe, register_recipe, wheelhouse
+
+HERMES_VERSION = "0.19.0"
+HERMES_HOME = "/state/hermes"
+RECIPE = Recipe("hermes-agent", Path(__file__).parent / "recipes" / "hermes-agent", "base",
+                {"HERMES_VERSION": HERMES_VERSION},
+                {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent=={HERMES_VERSION}",))})
+register_recipe(RECIPE)
+TURN_TIMEOUT_S = 900.0
+
+
+def render_config(base_url: str, model: str, effort: str | None, context_length: int = 131072) -> str:
+    """config.yaml: the proxy as a custom provider, approvals and outside calls off."""
+    config: dict[str, Any] = {
+        "model": {"provider": "custom", "base_url": base_url, "default": model,
+                  "context_length": context_length},
+        "security": {"tirith_enabled": False, "allow_lazy_installs": False},
+        "approvals": {"mode": "off"},
+    }
+    if effort:
+        config["agent"] = {"reasoning_effort": effort}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+class HermesState:
+    """The cell's state volume; after a wipe the config is rendered again (a fresh start)."""
+
+    def __init__(self, sandbox: DockerSandbox, config_text: str):
+        self.sandbox = sandbox
+        self.config_text = config_text
+
+    def prepare(self) -> None:
+        self.sandbox.write_file(f"{HERMES_HOME}/config.yaml", self.config_text)
+
+    def wipe(self) -> None:
+        self.sandbox.wipe()
+        self.prepare()
+
+    def snapshot(self, dest: Path) -> None:
+        self.sandbox.snapshot(dest)
+
+    def restore(self, source: Path | None) -> None:
+        self.sandbox.restore(source)
+        self.prepare()
+
+
+class HermesAgent(Learner):
+    name = "hermes-agent"
+
+    def __init__(self, sandbox: DockerSandbox, prompts: PromptSet, model: str, effort: str | None):
+        self.sandbox = sandbox
+        self.prompts = prompts
+        self.model = model
+        self.effort = effort
+        self.session = ""
+        self.pending = ""
+        self.new = True
+        self.turns: list[dict[str, Any]] = []
+
+    def begin(self, view: InstanceView) -> None:
+        self.session = f"carc-{uuid.uuid4().hex[:12]}"
+        self.new = True
+        self.turns = []
+        # hermes keeps its own system prompt; the rules open the first user message
+        self.pending = (self.prompts.render("system") + "\n"
+                        + self.prompts.instance_message(view.task_id, view.test_input,
+                                                        view.attempts_used, view.demos_used))
+
+    def _send(self, message: str) -> Turn:
+        request = {"session": self.session, "message": message, "new": self.new,
+                   "base_url": self.sandbox.reverse_base_url(), "model": self.model,
+                   "effort": self.effort}
+        self.new = False
+        result = self.sandbox.exec(["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"],
+                                   input=json.dumps(request), timeout=TURN_TIMEOUT_S,
+                                   env={"HERMES_HOME": HERMES_HOME})
+        try:
+            reply = json.loads(result.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise RuntimeError(f"hermes driver exit {result.returncode}"
+                               f"{' (timed out)' if result.timed_out else ''}: "
+                               f"{result.stderr.decode(errors='replace')[-800:]}") from None
+        self.turns.append({"user": message, "assistant": reply["final"], "driver": reply})
+        usage = Usage(reply.get("api_calls", 0), reply.get("prompt_tokens", 0),
+                      reply.get("completion_tokens", 0), reply.get("seconds", 0.0))
+        return Turn(text=reply["final"], usage=usage)
+
+    def act(self) -> Turn:
+        return self._send(self.pending)
+
+    def observe(self, outcome: Outcome, attempts_used: int, demos_used: int) -> None:
+        self.pending = self.prompts.outcome_message(outcome, attempts_used, demos_used, demos_used)
+
+    def end(self, solved: bool) -> None:
+        """The verdict reaches the harness in the same conversation (it may store something)."""
+        if self.pending:
+            self._send(self.pending)
+            self.pending = ""
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return list(self.turns)
