@@ -18,7 +18,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
-from orchestrator.grid_config import Cell, GridConfig
+from orchestrator.grid_config import HARNESSES, Cell, GridConfig
 from orchestrator.records import write_json
 from sandboxes.environment import StateVolume
 
@@ -47,12 +47,24 @@ class HostStateDir:
                 tar.extractall(self.path, filter="data")
 
 
+class ControlFile:
+    """The slot control file of a proxy container (the orchestrator owns it; the sandbox cannot see it)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def set_slot(self, slot: int | None, phase: str) -> None:
+        from proxy.journal import write_slot
+        write_slot(self.path, slot, phase)
+
+
 @dataclass
 class CellServices:
     model_base_url: str          # what the learner calls: the proxy, never the endpoint itself
     state: StateVolume           # HostStateDir for the ladder; a DockerSandbox for harnesses
     executor: ProgramExecutor
-    proxy: object | None = None  # proxy.host.HostProxy
+    proxy: object | None = None  # proxy.host.HostProxy, or the ControlFile of a proxy container
+    harness: object | None = None  # the harness learner living in the cell's sandbox
 
     def set_slot(self, slot: int | None, phase: str) -> None:
         """Tell the proxy which instance slot (and which side of its verdict) calls belong to."""
@@ -69,6 +81,10 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
     """Start the cell's proxy (and program sandbox); everything is torn down on exit, always."""
     from proxy.host import HostProxy
 
+    if cell.learner in HARNESSES:
+        with harness_services(grid, cell, cell_dir, upstream) as services:
+            yield services
+        return
     with ExitStack() as stack:
         proxy = None
         base_url = upstream
@@ -95,3 +111,30 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             record.update(program_checks="docker", image=spec.image, container=sandbox.container.name)
         write_json(cell_dir / "sandbox.json", record)  # how this cell was isolated, for the audit
         yield CellServices(base_url, HostStateDir(cell_dir / "state"), executor, proxy)
+
+
+@contextmanager
+def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
+    """A harness cell: its image, its sandbox and proxy container, its state volume."""
+    from harness_adapters.hermes_agent import HermesAgent, HermesState, render_config
+    from orchestrator.prompts import PromptSet
+    from sandboxes.docker_sandbox import DockerSandbox, Limits, ProxySpec, SandboxSpec
+    from sandboxes.images import ensure_image
+
+    spec = SandboxSpec(
+        ensure_image(cell.learner, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
+        proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
+                        key_env=grid.model.api_key_env),
+        limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids))
+    sandbox = DockerSandbox(spec).start()
+    try:
+        state = HermesState(sandbox, render_config(sandbox.reverse_base_url(), grid.model.name, cell.effort))
+        state.prepare()
+        learner = HermesAgent(sandbox, PromptSet.load(grid.prompts), grid.model.name, cell.effort)
+        write_json(cell_dir / "sandbox.json", {
+            "proxy": "container", "model_base_url": sandbox.reverse_base_url(), "upstream": upstream,
+            "image": spec.image, "container": sandbox.container.name, "program_checks": None})
+        yield CellServices(sandbox.reverse_base_url(), state, local_executor,
+                           ControlFile(journal_dir(cell_dir) / "slot.json"), learner)
+    finally:
+        sandbox.teardown()

@@ -19,7 +19,9 @@ LEARNER_ROWS: dict[str, tuple[str, ...]] = {
     "stateless-floor": ("memory-on",),
     "demo-cache-floor": ("memory-on",),
     "program-library": ("memory-on", "wiped"),
+    "hermes-agent": ("memory-on", "memory-off"),
 }
+HARNESSES = {"hermes-agent"}  # learners that run in their own Docker sandbox behind a proxy container
 EMBEDDED = "embedded"
 
 

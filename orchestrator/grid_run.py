@@ -24,7 +24,7 @@ import httpx
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.grid_config import EMBEDDED, Cell, GridConfig, load_grid
+from orchestrator.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, load_grid
 
 log = structlog.get_logger("carc.grid")
 
@@ -46,7 +46,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def model_service(grid: GridConfig, log_dir: Path, servers: int = 1) -> Iterator[list[str]]:
+def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
+                  host: str = "127.0.0.1") -> Iterator[list[str]]:
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
@@ -62,12 +63,12 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1) -> Iterator
             port = free_port()
             out = open(log_dir / f"model-server-{number}.log", "ab")
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
-                   "127.0.0.1", "--port", str(port),
+                   host, "--port", str(port),
                    "--usage-log", str(log_dir / f"model-usage-{number}.jsonl")]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=die_with_parent))
             out.close()
-            urls.append(f"http://127.0.0.1:{port}/v1")
+            urls.append(f"http://{host}:{port}/v1")
         for proc, base_url in zip(procs, urls):
             _wait_ready(proc, base_url, log_dir)
         yield urls
@@ -151,7 +152,12 @@ def run_grid_path(run_dir: Path) -> Path:
 
 
 def needs_docker(grid: GridConfig) -> bool:
-    return grid.sandbox.engine == "docker" and any(c.learner == "program-library" for c in grid.cells())
+    learners = {c.learner for c in grid.cells()}
+    return bool(learners & HARNESSES) or (grid.sandbox.engine == "docker" and "program-library" in learners)
+
+
+def harness_images(grid: GridConfig) -> list[str]:
+    return sorted({c.learner for c in grid.cells()} & HARNESSES)
 
 
 def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> None:
@@ -163,6 +169,10 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
 
     with Console().status("preparing sandbox images ...") if show_progress else _nothing():
         ensure_image("base", grid.sandbox.base)
+        for name in harness_images(grid):
+            import harness_adapters.hermes_agent  # noqa: F401  (registers its recipe)
+            ensure_image("proxy", grid.sandbox.base)
+            ensure_image(name, grid.sandbox.base)
     pruned = prune(run=run_dir.name)
     if pruned.containers:
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
@@ -195,7 +205,13 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     servers = max(1, min(workers, os.cpu_count() or 1))
-    with model_service(grid, run_dir / "logs", servers) as urls:
+    # Harness proxies run in containers: the model must listen on the host's docker0 address
+    # (which no sandbox can reach: their networks give the host no address).
+    host = "127.0.0.1"
+    if harness_images(grid):
+        from sandboxes.images import docker_client
+        host = docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    with model_service(grid, run_dir / "logs", servers, host) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
         with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,

@@ -115,8 +115,8 @@ class CellRunner:
             endpoint = self.grid.model.endpoint_for(self.cell.effort, services.model_base_url)
             if services.proxy is not None:  # the proxy injects the real key; the learner has none
                 endpoint = endpoint.model_copy(update={"api_key_env": ""})
-            learner = build_learner(self.cell, self.state_dir, self.prompts, ChatModel(endpoint),
-                                    services.executor)
+            learner = services.harness or build_learner(
+                self.cell, self.state_dir, self.prompts, ChatModel(endpoint), services.executor)
             try:
                 with EventLog(self.events_path) as journal:
                     if events:  # resuming: the state must be as it was after the last finished slot
