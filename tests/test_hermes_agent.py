@@ -1,0 +1,120 @@
+"""hermes-agent, the real package in its real sandbox, through the real proxy, on the scripted model.
+
+The scripted model writes a note naming the task with hermes' memory tool on every instance's
+first message; hermes injects MEMORY.md into its system prompt, so on a returning instance the
+note is back in the first request (memory-on) or not (memory-off: the volume is emptied).
+"""
+
+from __future__ import annotations
+
+import socket
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from harness_adapters.scripted_model import NOTE, create_app
+from orchestrator.grid_run import execute
+from orchestrator.records import read_events
+from proxy.journal import read_journal
+from tests.docker_fixtures import client  # noqa: F401
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+GRID = """\
+name: hermes-it
+seed: 5
+track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
+orders: [sequential]
+model: {{endpoint: "{endpoint}", name: carc-scripted}}
+efforts: [low]
+learners:
+  - hermes-agent
+  - {{learner: hermes-agent, row: memory-off}}
+workers: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def run_dir(client, tmp_path_factory):
+    host = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    root = tmp_path_factory.mktemp("hermes")
+    run = root / "runs" / "hermes-it"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(GRID.format(endpoint=f"http://{host}:{port}/v1"))
+    try:
+        execute(run, show_progress=False)
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    return run
+
+
+def cell(run: Path, row: str) -> Path:
+    name = "hermes-agent" if row == "memory-on" else f"hermes-agent-{row}"
+    return run / "cells" / f"{name}.low.sequential.s5"
+
+
+def first_requests(cell_dir: Path) -> dict[int, str]:
+    """The system prompt of each instance's first model call, by slot."""
+    firsts: dict[int, str] = {}
+    for entry in read_journal(cell_dir / "journal" / "journal.jsonl"):
+        if entry.api == "openai-chat" and entry.slot is not None and entry.slot not in firsts:
+            firsts[entry.slot] = entry.request["messages"][0]["content"]
+    return firsts
+
+
+def slot_tasks(cell_dir: Path) -> dict[int, tuple[str, int]]:
+    return {e.slot: (e.task, e.visit) for e in read_events(cell_dir / "events.jsonl")
+            if e.type == "instance_end"}
+
+
+def test_every_instance_ends_once_in_both_rows(run_dir):
+    for row in ("memory-on", "memory-off"):
+        assert sorted(slot_tasks(cell(run_dir, row))) == [0, 1, 2, 3]
+
+
+def test_memory_on_brings_the_note_back_on_a_returning_instance(run_dir):
+    folder = cell(run_dir, "memory-on")
+    firsts, tasks = first_requests(folder), slot_tasks(folder)
+    for slot, (task, visit) in tasks.items():
+        assert (NOTE.format(task=task) in firsts[slot]) == (visit > 0), (slot, task, visit)
+
+
+def test_memory_off_never_sees_a_note_written_before(run_dir):
+    folder = cell(run_dir, "memory-off")
+    firsts = first_requests(folder)
+    assert all("carc-note" not in prompt for prompt in firsts.values())
+
+
+def test_the_state_volume_keeps_the_memory_file_only_in_the_memory_on_row(run_dir):
+    def memory_file(cell_dir: Path, slot: int) -> str:
+        with tarfile.open(cell_dir / "snapshots" / f"{slot:05d}.tar.gz") as tar:
+            member = tar.extractfile("./hermes/memories/MEMORY.md")
+            return member.read().decode()
+
+    on, off = cell(run_dir, "memory-on"), cell(run_dir, "memory-off")
+    tasks = {task for task, _ in slot_tasks(on).values()}
+    # hermes keeps one entry per distinct text: one note per task in memory-on, the current one in memory-off
+    assert sorted(memory_file(on, 3).split("\n§\n")) == sorted(NOTE.format(task=t) for t in tasks)
+    assert memory_file(off, 3).count("carc-note") == 1
+
+
+def test_the_verdict_reaches_hermes_in_the_same_conversation(run_dir):
+    journal = read_journal(cell(run_dir, "memory-on") / "journal" / "journal.jsonl")
+    after = [e for e in journal if e.api == "openai-chat" and e.phase == "after"]
+    assert after, "no call after a verdict"
+    for entry in after:
+        texts = [str(m.get("content")) for m in entry.request["messages"]]
+        assert any("Verdict:" in t for t in texts) and any("Task id:" in t for t in texts)
