@@ -39,9 +39,11 @@ def render_config(base_url: str, model: str, effort: str | None, context_length:
                   "context_length": context_length},
         "security": {"tirith_enabled": False, "allow_lazy_installs": False},
         "approvals": {"mode": "off"},
+        # text: no per-turn probing of the endpoint for a local vision server (/api/tags, /props)
+        "agent": {"image_input_mode": "text"},
     }
     if effort:
-        config["agent"] = {"reasoning_effort": effort}
+        config["agent"]["reasoning_effort"] = effort
     return yaml.safe_dump(config, sort_keys=False)
 
 
