@@ -2,9 +2,9 @@
 
 The adapter is mostly data: the pinned version, the image recipe (harness_adapters/recipes/
 hermes-agent: the package from a host wheelhouse plus an in-sandbox driver), the config it renders
-onto the state volume, and the conversation driver: one `docker exec` of the driver per message,
-which runs the agent in-process, resumes the conversation from hermes' own state.db by session id
-and joins the background review before it exits. Every model call goes through the cell's proxy.
+onto the state volume, and the conversation driver: one long-lived driver process per instance
+(a `docker exec` with a line protocol) that runs the agent in-process and, at the end of the
+instance, joins the background review before it exits. Every model call goes through the cell's proxy.
 """
 
 from __future__ import annotations
@@ -79,36 +79,44 @@ class HermesAgent(Learner):
         self.effort = effort
         self.session = ""
         self.pending = ""
-        self.new = True
+        self.driver = None
         self.turns: list[dict[str, Any]] = []
 
     def begin(self, view: InstanceView) -> None:
+        self._close_driver()
         self.session = f"carc-{uuid.uuid4().hex[:12]}"
-        self.new = True
         self.turns = []
+        self.driver = self.sandbox.open_process(
+            ["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"], env={"HERMES_HOME": HERMES_HOME})
+        self.driver.send_line(json.dumps({"session": self.session, "model": self.model,
+                                          "base_url": self.sandbox.reverse_base_url()}))
+        self._read("starting hermes")
         # hermes keeps its own system prompt; the rules open the first user message
         self.pending = (self.prompts.render("system") + "\n"
                         + self.prompts.instance_message(view.task_id, view.test_input,
                                                         view.attempts_used, view.demos_used))
 
+    def _read(self, what: str) -> dict[str, Any]:
+        line = self.driver.read_line(TURN_TIMEOUT_S)
+        if line is None:
+            raise RuntimeError(f"hermes driver ended while {what}: "
+                               f"{self.driver.stderr.decode(errors='replace')[-800:]}")
+        return json.loads(line)
+
     def _send(self, message: str) -> Turn:
-        request = {"session": self.session, "message": message, "new": self.new,
-                   "base_url": self.sandbox.reverse_base_url(), "model": self.model,
-                   "effort": self.effort}
-        self.new = False
-        result = self.sandbox.exec(["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"],
-                                   input=json.dumps(request), timeout=TURN_TIMEOUT_S,
-                                   env={"HERMES_HOME": HERMES_HOME})
-        try:
-            reply = json.loads(result.stdout.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
-            raise RuntimeError(f"hermes driver exit {result.returncode}"
-                               f"{' (timed out)' if result.timed_out else ''}: "
-                               f"{result.stderr.decode(errors='replace')[-800:]}") from None
+        self.driver.send_line(json.dumps({"message": message}))
+        reply = self._read("answering")
         self.turns.append({"user": message, "assistant": reply["final"], "driver": reply})
+        if reply.get("failed") and not reply["final"]:
+            raise RuntimeError(f"hermes failed: {reply.get('error')}")
         usage = Usage(reply.get("api_calls", 0), reply.get("prompt_tokens", 0),
                       reply.get("completion_tokens", 0), reply.get("seconds", 0.0))
         return Turn(text=reply["final"], usage=usage)
+
+    def _close_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.close()  # end of input: the driver joins the background review, exits
+            self.driver = None
 
     def act(self) -> Turn:
         return self._send(self.pending)
@@ -118,9 +126,13 @@ class HermesAgent(Learner):
 
     def end(self, solved: bool) -> None:
         """The verdict reaches the harness in the same conversation (it may store something)."""
-        if self.pending:
+        if self.pending and self.driver is not None:
             self._send(self.pending)
             self.pending = ""
+        self._close_driver()
+
+    def close(self) -> None:
+        self._close_driver()
 
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.turns)

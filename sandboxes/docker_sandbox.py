@@ -280,6 +280,17 @@ class DockerSandbox(SandboxEnvironment):
         timed_out = bool(timeout) and code in (124, 137) and time.monotonic() - started >= timeout * 0.98
         return ExecResult(code, stdout or b"", stderr or b"", timed_out)
 
+    def open_process(self, cmd: list[str], env: dict[str, str] | None = None,
+                     user: str = SANDBOX_USER) -> "SandboxProcess":
+        """A long-lived process with a line protocol on stdin/stdout (a harness driver)."""
+        if self.container is None:
+            raise SandboxError(f"{self.name}: open_process before start() or after teardown()")
+        api = self.client.api
+        exec_id = api.exec_create(self.container.id, cmd, stdin=True, stdout=True, stderr=True,
+                                  environment=env, user=user)["Id"]
+        sock = api.exec_start(exec_id, socket=True)
+        return SandboxProcess(self, exec_id, sock)
+
     def read_file(self, path: str) -> bytes:
         result = self.exec(["cat", "--", path], timeout=60)
         if not result.ok:
@@ -324,6 +335,51 @@ class DockerSandbox(SandboxEnvironment):
         if not result.ok:
             raise SandboxError(f"{self.name}: restoring {source} failed: "
                                f"{result.stderr.decode(errors='replace')[-500:]}")
+
+
+class SandboxProcess:
+    """stdin/stdout lines of a process inside a sandbox; stderr is kept for error messages."""
+
+    def __init__(self, sandbox: DockerSandbox, exec_id: str, sock):
+        self.sandbox = sandbox
+        self.exec_id = exec_id
+        self.sock = sock
+        self.raw = getattr(sock, "_sock", sock)
+        self.frames = frames_iter(self.raw, tty=False)
+        self.buffer = b""
+        self.stderr = b""
+
+    def send_line(self, text: str) -> None:
+        self.raw.sendall(text.encode() + b"\n")
+
+    def read_line(self, timeout: float) -> str | None:
+        """The next stdout line, or None when the process ended; TimeoutError past `timeout`."""
+        self.raw.settimeout(timeout)
+        while b"\n" not in self.buffer:
+            try:
+                stream, data = next(self.frames)
+            except StopIteration:
+                return None
+            except (socket.timeout, TimeoutError):
+                raise TimeoutError(f"{self.sandbox.name}: no answer in {timeout:g} s") from None
+            if stream == 1:
+                self.buffer += data
+            else:
+                self.stderr = (self.stderr + data)[-20000:]
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    def close(self, timeout: float = 900) -> int | None:
+        """Close stdin, drain until the process exits (or `timeout`); its exit code."""
+        try:
+            self.raw.shutdown(socket.SHUT_WR)
+            while self.read_line(timeout) is not None:
+                pass
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            self.sock.close()
+        return self.sandbox.client.api.exec_inspect(self.exec_id).get("ExitCode")
 
 
 def proxy_environment() -> dict[str, str]:
