@@ -15,6 +15,16 @@ from tests.docker_fixtures import BASE, base_image, client, proxy_image, run_id,
 pytestmark = pytest.mark.docker
 
 
+def output_of(client, image: str, cmd: list[str], **options) -> bytes:
+    """Run to completion, then read the logs (run(remove=True) can lose a short container's output)."""
+    container = client.containers.run(image, cmd, detach=True, **options)
+    try:
+        container.wait(timeout=120)
+        return container.logs()
+    finally:
+        container.remove(force=True)
+
+
 def tiny_recipe(tmp_path, name: str, run_line: str = "true") -> Recipe:
     folder = tmp_path / name
     folder.mkdir()
@@ -42,8 +52,7 @@ def test_an_unchanged_recipe_is_built_once_and_then_found_in_the_cache(tmp_path,
         assert ensure_image("pytest-cache", BASE, client) == tag
         assert time.monotonic() - start < 5
         assert client.images.get(tag).id == image_id
-        out = client.containers.run(tag, ["cat", "/opt/note.txt"], remove=True)
-        assert out == b"first"
+        assert output_of(client, tag, ["cat", "/opt/note.txt"]) == b"first"
     finally:
         RECIPES.pop("pytest-cache", None)
 
@@ -64,8 +73,8 @@ def test_unknown_recipe_is_named_with_the_known_ones():
 
 
 def test_base_image_has_python_311_node_24_and_the_sandbox_user(base_image, client):
-    out = client.containers.run(base_image, ["sh", "-c", "python3 --version; node --version; id -u; "
-                                             "stat -c %u /state"], remove=True).decode()
+    out = output_of(client, base_image, ["sh", "-c", "python3 --version; node --version; id -u; "
+                                                 "stat -c %u /state"]).decode()
     python, node, uid, owner = out.split()[1], out.split()[2], out.split()[3], out.split()[4]
     assert tuple(int(x) for x in python.split(".")[:2]) >= (3, 11)
     assert node.startswith("v24.") and int(node.split(".")[1]) >= 16
@@ -73,8 +82,8 @@ def test_base_image_has_python_311_node_24_and_the_sandbox_user(base_image, clie
 
 
 def test_proxy_image_runs_the_pinned_mitmproxy(proxy_image, client):
-    out = client.containers.run(proxy_image, entrypoint=["/opt/mitmproxy/bin/mitmdump", "--version"],
-                                remove=True).decode()
+    out = output_of(client, proxy_image, None,
+                    entrypoint=["/opt/mitmproxy/bin/mitmdump", "--version"]).decode()
     assert "Mitmproxy: 11.0.2" in out
 
 
