@@ -1,10 +1,11 @@
-"""hermes-agent as a black-box learner in its Docker sandbox (WORK IN PROGRESS, issue 4).
+"""hermes-agent as a black-box learner in its Docker sandbox (rows memory-on and memory-off).
 
 The adapter is mostly data: the pinned version, the image recipe (harness_adapters/recipes/
 hermes-agent: the package from a host wheelhouse plus an in-sandbox driver), the config it renders
 onto the state volume, and the conversation driver: one long-lived driver process per instance
 (a `docker exec` with a line protocol) that runs the agent in-process and, at the end of the
 instance, joins the background review before it exits. Every model call goes through the cell's proxy.
+Verified facts about the package: docs/harnesses/hermes-agent.md.
 """
 
 from __future__ import annotations
