@@ -26,6 +26,7 @@ from sandboxes.images import Recipe, register_recipe, wheelhouse
 
 HERMES_VERSION = "0.19.0"
 HERMES_HOME = "/state/hermes"
+PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
 RECIPE = Recipe("hermes-agent", Path(__file__).parent / "recipes" / "hermes-agent", "base",
                 {"HERMES_VERSION": HERMES_VERSION},
                 {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent=={HERMES_VERSION}",))})
@@ -73,8 +74,11 @@ class HermesState:
 class HermesAgent(Learner):
     name = "hermes-agent"
 
-    def __init__(self, sandbox: DockerSandbox, prompts: PromptSet, model: str, effort: str | None):
+    def __init__(self, sandbox: DockerSandbox, prompts: PromptSet, model: str, effort: str | None,
+                 row: str = "memory-on"):
         self.sandbox = sandbox
+        self.row = row
+        self.task_id = ""
         self.prompts = prompts
         self.model = model
         self.effort = effort
@@ -92,10 +96,13 @@ class HermesAgent(Learner):
         self.driver.send_line(json.dumps({"session": self.session, "model": self.model,
                                           "base_url": self.sandbox.reverse_base_url()}))
         self._read("starting hermes")
+        self.task_id = view.task_id
         # hermes keeps its own system prompt; the rules open the first user message
-        self.pending = (self.prompts.render("system") + "\n"
-                        + self.prompts.instance_message(view.task_id, view.test_input,
-                                                        view.attempts_used, view.demos_used))
+        rules = [self.prompts.render("system")]
+        if self.row.startswith("program-procedure"):
+            rules.append(self.prompts.render("program_procedure", programs_dir=PROGRAMS_DIR))
+        self.pending = "\n".join(rules + [self.prompts.instance_message(
+            view.task_id, view.test_input, view.attempts_used, view.demos_used)])
 
     def _read(self, what: str) -> dict[str, Any]:
         line = self.driver.read_line(TURN_TIMEOUT_S)
@@ -126,8 +133,14 @@ class HermesAgent(Learner):
         self.pending = self.prompts.outcome_message(outcome, attempts_used, demos_used, demos_used)
 
     def end(self, solved: bool) -> None:
-        """The verdict reaches the harness in the same conversation (it may store something)."""
+        """The verdict reaches the harness in the same conversation (it may store something);
+        the asked-to-store and program-procedure rows add their request to it."""
         if self.pending and self.driver is not None:
+            if self.row == "asked-to-store":
+                self.pending += "\n" + self.prompts.render("store_invitation")
+            elif self.row.startswith("program-procedure"):
+                self.pending += "\n" + self.prompts.render(
+                    "program_save_request", task_id=self.task_id, programs_dir=PROGRAMS_DIR)
             self._send(self.pending)
             self.pending = ""
         self._close_driver()

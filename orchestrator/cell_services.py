@@ -130,7 +130,8 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     try:
         state = HermesState(sandbox, render_config(sandbox.reverse_base_url(), grid.model.name, cell.effort))
         state.prepare()
-        learner = HermesAgent(sandbox, PromptSet.load(grid.prompts), grid.model.name, cell.effort)
+        learner = HermesAgent(sandbox, PromptSet.load(grid.prompts), grid.model.name, cell.effort,
+                              cell.row)
         write_json(cell_dir / "sandbox.json", {
             "proxy": "container", "model_base_url": sandbox.reverse_base_url(), "upstream": upstream,
             "image": spec.image, "container": sandbox.container.name, "program_checks": None})

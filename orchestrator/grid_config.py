@@ -19,7 +19,8 @@ LEARNER_ROWS: dict[str, tuple[str, ...]] = {
     "stateless-floor": ("memory-on",),
     "demo-cache-floor": ("memory-on",),
     "program-library": ("memory-on", "wiped"),
-    "hermes-agent": ("memory-on", "memory-off"),
+    "hermes-agent": ("memory-on", "memory-off", "asked-to-store", "program-procedure",
+                     "program-procedure-wiped"),
 }
 HARNESSES = {"hermes-agent"}  # learners that run in their own Docker sandbox behind a proxy container
 EMBEDDED = "embedded"

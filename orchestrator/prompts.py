@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 REQUIRED = ("system", "instance", "cached_header", "demo", "after_demo", "verdict_incorrect",
             "verdict_correct", "verdict_failed", "refused", "malformed", "program_system",
-            "program_check_failed", "program_no_code")
+            "program_check_failed", "program_no_code", "store_invitation", "program_procedure",
+            "program_save_request")
 
 
 class PromptError(ValueError):

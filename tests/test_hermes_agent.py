@@ -34,6 +34,8 @@ efforts: [low]
 learners:
   - hermes-agent
   - {{learner: hermes-agent, row: memory-off}}
+  - {{learner: hermes-agent, row: asked-to-store}}
+  - {{learner: hermes-agent, row: program-procedure}}
 workers: 2
 """
 
@@ -118,3 +120,37 @@ def test_the_verdict_reaches_hermes_in_the_same_conversation(run_dir):
     for entry in after:
         texts = [str(m.get("content")) for m in entry.request["messages"]]
         assert any("Verdict:" in t for t in texts) and any("Task id:" in t for t in texts)
+
+
+def user_messages(cell_dir: Path, phase: str) -> list[str]:
+    """The last user message of each chat call in `phase` (journal request bodies)."""
+    out = []
+    for entry in read_journal(cell_dir / "journal" / "journal.jsonl"):
+        if entry.api == "openai-chat" and entry.phase == phase:
+            users = [m for m in entry.request["messages"] if m.get("role") == "user"]
+            out.append(str(users[-1]["content"]) if users else "")
+    return out
+
+
+def test_the_ablation_messages_arrive_where_they_should(run_dir):
+    from orchestrator.prompts import PromptSet
+    prompts = PromptSet.load()
+    invitation = prompts.render("store_invitation").strip()
+    rules = prompts.render("program_procedure", programs_dir="/state/programs").strip()
+    asked, procedure = cell(run_dir, "asked-to-store"), cell(run_dir, "program-procedure")
+    assert any(invitation in m for m in user_messages(asked, "after"))
+    assert not any(invitation in m for m in user_messages(asked, "before"))
+    assert not any(invitation in m for m in user_messages(cell(run_dir, "memory-on"), "after"))
+    firsts = first_user_messages(procedure)
+    assert firsts and all(rules in m for m in firsts.values())
+    assert any("/state/programs/" in m and "Now save the program" in m
+               for m in user_messages(procedure, "after"))
+
+
+def first_user_messages(cell_dir: Path) -> dict[int, str]:
+    firsts: dict[int, str] = {}
+    for entry in read_journal(cell_dir / "journal" / "journal.jsonl"):
+        if entry.api == "openai-chat" and entry.slot is not None and entry.slot not in firsts:
+            users = [m for m in entry.request["messages"] if m.get("role") == "user"]
+            firsts[entry.slot] = str(users[0]["content"])
+    return firsts
