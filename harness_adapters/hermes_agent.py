@@ -19,6 +19,7 @@ import yaml
 
 from harness_adapters.base import InstanceView, Learner, Turn
 from harness_adapters.chat_model import Usage
+from harness_adapters.harness import FailureKind, HarnessAdapter, HarnessCell, HarnessError, register
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Outcome
 from sandboxes.docker_sandbox import DockerSandbox
@@ -32,6 +33,11 @@ RECIPE = Recipe("hermes-agent", Path(__file__).parent / "recipes" / "hermes-agen
                 {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent=={HERMES_VERSION}",))})
 register_recipe(RECIPE)
 TURN_TIMEOUT_S = 900.0
+ERROR_PATTERNS = (
+    (r"APIConnectionError|Connection refused|ConnectError", FailureKind.CRASH),
+    (r"RateLimitError", FailureKind.RATE_LIMIT),
+    (r"APITimeoutError|ReadTimeout", FailureKind.TIMEOUT),
+)
 
 
 def render_config(base_url: str, model: str, effort: str | None, context_length: int = 131072) -> str:
@@ -105,18 +111,26 @@ class HermesAgent(Learner):
             view.task_id, view.test_input, view.attempts_used, view.demos_used)])
 
     def _read(self, what: str) -> dict[str, Any]:
-        line = self.driver.read_line(TURN_TIMEOUT_S)
+        try:
+            line = self.driver.read_line(TURN_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise HarnessError(FailureKind.TIMEOUT, f"hermes while {what}: {exc}") from None
+        stderr = self.driver.stderr.decode(errors="replace")[-800:]
         if line is None:
-            raise RuntimeError(f"hermes driver ended while {what}: "
-                               f"{self.driver.stderr.decode(errors='replace')[-800:]}")
-        return json.loads(line)
+            raise HarnessError(HERMES.classify(stderr) if stderr else FailureKind.CRASH,
+                               f"hermes driver ended while {what}: {stderr}")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise HarnessError(FailureKind.BAD_OUTPUT, f"hermes driver said {line[:300]!r}") from None
 
     def _send(self, message: str) -> Turn:
         self.driver.send_line(json.dumps({"message": message}))
         reply = self._read("answering")
         self.turns.append({"user": message, "assistant": reply["final"], "driver": reply})
         if reply.get("failed") and not reply["final"]:
-            raise RuntimeError(f"hermes failed: {reply.get('error')}")
+            error = str(reply.get("error"))
+            raise HarnessError(HERMES.classify(error), f"hermes failed: {error[:500]}")
         usage = Usage(reply.get("api_calls", 0), reply.get("prompt_tokens", 0),
                       reply.get("completion_tokens", 0), reply.get("seconds", 0.0))
         return Turn(text=reply["final"], usage=usage)
@@ -150,3 +164,16 @@ class HermesAgent(Learner):
 
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.turns)
+
+
+def _state(cell: HarnessCell) -> HermesState:
+    return HermesState(cell.sandbox, render_config(cell.sandbox.reverse_base_url(), cell.model,
+                                                   cell.effort))
+
+
+HERMES = register(HarnessAdapter(
+    name="hermes-agent", version=HERMES_VERSION, recipe=RECIPE,
+    rows=("memory-on", "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped"),
+    make_state=_state,
+    make_learner=lambda cell: HermesAgent(cell.sandbox, cell.prompts, cell.model, cell.effort, cell.row),
+    error_patterns=ERROR_PATTERNS))

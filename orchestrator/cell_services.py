@@ -116,25 +116,28 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
 @contextmanager
 def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
     """A harness cell: its image, its sandbox and proxy container, its state volume."""
-    from harness_adapters.hermes_agent import HermesAgent, HermesState, render_config
+    from harness_adapters.harness import HarnessCell, adapter_for
     from orchestrator.prompts import PromptSet
     from sandboxes.docker_sandbox import DockerSandbox, Limits, ProxySpec, SandboxSpec
     from sandboxes.images import ensure_image
 
+    adapter = adapter_for(cell.learner)
     spec = SandboxSpec(
-        ensure_image(cell.learner, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
+        ensure_image(adapter.recipe.name, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
                         key_env=grid.model.api_key_env),
         limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids))
     sandbox = DockerSandbox(spec).start()
     try:
-        state = HermesState(sandbox, render_config(sandbox.reverse_base_url(), grid.model.name, cell.effort))
-        state.prepare()
-        learner = HermesAgent(sandbox, PromptSet.load(grid.prompts), grid.model.name, cell.effort,
-                              cell.row)
+        harness_cell = HarnessCell(sandbox, PromptSet.load(grid.prompts), grid.model.name,
+                                   cell.effort, cell.row)
+        state = adapter.make_state(harness_cell)
+        state.restore(None)  # an empty volume with the harness's config: a fresh start
+        learner = adapter.make_learner(harness_cell)
         write_json(cell_dir / "sandbox.json", {
             "proxy": "container", "model_base_url": sandbox.reverse_base_url(), "upstream": upstream,
-            "image": spec.image, "container": sandbox.container.name, "program_checks": None})
+            "image": spec.image, "container": sandbox.container.name, "program_checks": None,
+            "harness": adapter.name, "version": adapter.version})
         yield CellServices(sandbox.reverse_base_url(), state, local_executor,
                            ControlFile(journal_dir(cell_dir) / "slot.json"), learner)
     finally:

@@ -170,9 +170,9 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
     with Console().status("preparing sandbox images ...") if show_progress else _nothing():
         ensure_image("base", grid.sandbox.base)
         for name in harness_images(grid):
-            import harness_adapters.hermes_agent  # noqa: F401  (registers its recipe)
+            from harness_adapters.harness import adapter_for
             ensure_image("proxy", grid.sandbox.base)
-            ensure_image(name, grid.sandbox.base)
+            ensure_image(adapter_for(name).recipe.name, grid.sandbox.base)
     pruned = prune(run=run_dir.name)
     if pruned.containers:
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
