@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
+from sandboxes.environment import ExecResult
 
 DRIVER = r"""
 import json, sys
@@ -57,18 +58,8 @@ class ProgramLimits:
     output_bytes: int = 4 << 20
 
 
-@dataclass(frozen=True)
-class DriverRun:
-    """What the driver process left: its output, and whether the wall-clock limit killed it."""
-
-    stdout: str
-    stderr: str
-    returncode: int
-    timed_out: bool = False
-
-
 class ProgramExecutor(Protocol):
-    def __call__(self, payload: str, limits: ProgramLimits) -> DriverRun: ...
+    def __call__(self, payload: str, limits: ProgramLimits) -> ExecResult: ...
 
 
 def _apply_limits(limits: ProgramLimits):
@@ -79,15 +70,15 @@ def _apply_limits(limits: ProgramLimits):
     return set_limits
 
 
-def local_executor(payload: str, limits: ProgramLimits) -> DriverRun:
+def local_executor(payload: str, limits: ProgramLimits) -> ExecResult:
     """The driver in a host subprocess with rlimits."""
     try:
-        proc = subprocess.run([sys.executable, "-I", "-S", "-c", DRIVER], input=payload,
-                              capture_output=True, text=True, timeout=limits.wall_s,
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", DRIVER], input=payload.encode(),
+                              capture_output=True, timeout=limits.wall_s,
                               preexec_fn=_apply_limits(limits))
     except subprocess.TimeoutExpired:
-        return DriverRun("", "", -9, timed_out=True)
-    return DriverRun(proc.stdout, proc.stderr, proc.returncode)
+        return ExecResult(-9, b"", b"", timed_out=True)
+    return ExecResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 class SandboxExecutor:
@@ -96,15 +87,12 @@ class SandboxExecutor:
     def __init__(self, sandbox):
         self.sandbox = sandbox
 
-    def __call__(self, payload: str, limits: ProgramLimits) -> DriverRun:
+    def __call__(self, payload: str, limits: ProgramLimits) -> ExecResult:
         # dash takes one limit per ulimit call; && so a failed limit never runs the program.
         script = (f"ulimit -t {limits.cpu_s} && ulimit -v {limits.memory_bytes // 1024} && "
                   f'ulimit -p 64 && exec python3 -I -S -c "$0"')
-        result = self.sandbox.exec(["sh", "-c", script, DRIVER], input=payload,
-                                   timeout=limits.wall_s, cwd="/tmp")
-        return DriverRun(result.stdout.decode("utf-8", "replace"),
-                         result.stderr.decode("utf-8", "replace"), result.returncode,
-                         result.timed_out)
+        return self.sandbox.exec(["sh", "-c", script, DRIVER], input=payload,
+                                 timeout=limits.wall_s, cwd="/tmp")
 
 
 def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = ProgramLimits(),
@@ -112,17 +100,18 @@ def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = Program
     """Run `transform` on each input in one driver process; every failure becomes a RunResult error."""
     payload = json.dumps({"source": source, "inputs": [grid_list(g) for g in inputs]})
     proc = executor(payload, limits)
+    stdout, stderr = proc.text(), proc.stderr.decode("utf-8", "replace")
     if proc.timed_out:
         return [RunResult(None, f"the program ran longer than {limits.wall_s:g} s")] * len(inputs)
-    if len(proc.stdout) > limits.output_bytes:
+    if len(stdout) > limits.output_bytes:
         return [RunResult(None, "the program printed too much output")] * len(inputs)
     try:
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        report = json.loads(stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         if proc.returncode in (-9, -24, 137, 152):
             return [RunResult(None, f"the program was killed after using more than "
                                     f"{limits.cpu_s} s of CPU")] * len(inputs)
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        tail = stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return [RunResult(None, f"the program crashed: {tail[0][:300]}")] * len(inputs)
     if "load_error" in report:
         return [RunResult(None, report["load_error"])] * len(inputs)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -156,7 +156,7 @@ def needs_docker(grid: GridConfig) -> bool:
     return bool(learners & HARNESSES) or (grid.sandbox.engine == "docker" and "program-library" in learners)
 
 
-def harness_images(grid: GridConfig) -> list[str]:
+def harness_learners(grid: GridConfig) -> list[str]:
     return sorted({c.learner for c in grid.cells()} & HARNESSES)
 
 
@@ -167,20 +167,15 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
     from sandboxes.docker_sandbox import prune
     from sandboxes.images import ensure_image
 
-    with Console().status("preparing sandbox images ...") if show_progress else _nothing():
+    with Console().status("preparing sandbox images ...") if show_progress else nullcontext():
         ensure_image("base", grid.sandbox.base)
-        for name in harness_images(grid):
+        for name in harness_learners(grid):
             from harness_adapters.harness import adapter_for
             ensure_image("proxy", grid.sandbox.base)
             ensure_image(adapter_for(name).recipe.name, grid.sandbox.base)
     pruned = prune(run=run_dir.name)
     if pruned.containers:
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> None:
@@ -208,7 +203,7 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
     # Harness proxies run in containers: the model must listen on the host's docker0 address
     # (which no sandbox can reach: their networks give the host no address).
     host = "127.0.0.1"
-    if harness_images(grid):
+    if harness_learners(grid):
         from sandboxes.images import docker_client
         host = docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
     with model_service(grid, run_dir / "logs", servers, host) as urls:

@@ -14,7 +14,6 @@ process but not the container. The real API key is only in the proxy container's
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import ipaddress
 import os
@@ -33,7 +32,7 @@ from docker.utils.socket import consume_socket_output, demux_adaptor, frames_ite
 
 from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
 from sandboxes.images import ca_dir as shared_ca_dir
-from sandboxes.images import cache_dir, docker_client
+from sandboxes.images import docker_client, machine_lock
 
 log = structlog.get_logger("carc.sandbox")
 
@@ -166,7 +165,7 @@ class DockerSandbox(SandboxEnvironment):
             tmpfs={"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"},
             mounts=mounts,
             security_opt=["no-new-privileges"], cap_drop=["ALL"], environment={"HOME": "/tmp", **env},
-            network=EGRESS_NETWORK if ensure_egress_network(self.client) else None,
+            network=ensure_egress_network(self.client),
             extra_hosts={"host.docker.internal": "host-gateway"}, mem_limit="512m",
             pids_limit=256, labels={**self.labels, LABEL_ROLE: "proxy"})
         self.network.connect(container, aliases=[PROXY_HOST])
@@ -397,13 +396,13 @@ def proxy_environment() -> dict[str, str]:
 
 # --- networks -------------------------------------------------------------------------------
 
-def ensure_egress_network(client: docker.DockerClient) -> bool:
+def ensure_egress_network(client: docker.DockerClient) -> str:
     """The shared bridge the proxies reach the model host through (never joined by a sandbox)."""
-    with _network_lock():
+    with machine_lock("networks"):
         if not client.networks.list(names=[EGRESS_NETWORK]):
             client.networks.create(EGRESS_NETWORK, driver="bridge",
                                    labels={"org.carc.shared": "egress"})
-    return True
+    return EGRESS_NETWORK
 
 
 def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str, str]):
@@ -412,7 +411,7 @@ def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str
     `inhibit_ipv4` leaves the host without an address on the bridge, so the sandbox cannot reach
     any service on the host either; the proxy is the only other member.
     """
-    with _network_lock():
+    with machine_lock("networks"):
         used = set()
         for net in client.networks.list():
             for config in (net.attrs.get("IPAM") or {}).get("Config") or []:
@@ -434,17 +433,6 @@ def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str
                 raise
     raise SandboxError(f"no free /28 left in {CELL_POOL} (set CARC_CELL_POOL, or run "
                        f"`carc sandboxes prune`)")
-
-
-def _network_lock():
-    class _Lock:
-        def __enter__(self):
-            self.handle = open(cache_dir() / "networks.lock", "w")
-            fcntl.flock(self.handle, fcntl.LOCK_EX)
-
-        def __exit__(self, *exc):
-            self.handle.close()
-    return _Lock()
 
 
 def _remove_network(net) -> None:

