@@ -9,20 +9,25 @@ owns the protocol; the learner only turns messages into final texts.
 
 from __future__ import annotations
 
+import abc
 import enum
 import importlib
 import re
-from dataclasses import dataclass
-from typing import Callable
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
-from harness_adapters.base import Learner
+from harness_adapters.base import InstanceView, Learner, Turn
+from harness_adapters.registry import REGISTRY, harnesses
 from orchestrator.prompts import PromptSet
+from orchestrator.protocol import Outcome
 from sandboxes.docker_sandbox import DockerSandbox
 from sandboxes.environment import StateVolume
 from sandboxes.images import Recipe
 
-# learner name -> module that registers its adapter (imported on first use: Docker-free imports)
-MODULES = {"hermes-agent": "harness_adapters.hermes_agent"}
+PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
+
 
 
 class FailureKind(str, enum.Enum):
@@ -39,6 +44,10 @@ class HarnessError(RuntimeError):
     def __init__(self, kind: FailureKind, message: str):
         super().__init__(f"[{kind.value}] {message}")
         self.kind = kind
+        self.detail = message
+
+    def __reduce__(self):  # crosses the worker pool intact (the default would lose `kind`)
+        return (HarnessError, (self.kind, self.detail))
 
 
 COMMON_PATTERNS: tuple[tuple[str, FailureKind], ...] = (
@@ -58,6 +67,8 @@ class HarnessCell:
     model: str
     effort: str | None
     row: str
+    options: dict[str, Any] = field(default_factory=dict)  # the grid's harness_options[name]
+    shared: dict[str, Any] = field(default_factory=dict)   # what the state and learner share
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class HarnessAdapter:
     make_state: Callable[[HarnessCell], StateVolume]
     make_learner: Callable[[HarnessCell], Learner]
     error_patterns: tuple[tuple[str, FailureKind], ...] = ()
+    docs: str = ""  # the project's page of verified facts about the harness
 
     def classify(self, text: str) -> FailureKind:
         """The first pattern (the adapter's own, then the common ones) that matches `text`."""
@@ -87,8 +99,184 @@ def register(adapter: HarnessAdapter) -> HarnessAdapter:
 
 
 def adapter_for(name: str) -> HarnessAdapter:
+    """The registered adapter (its module is imported on first use: imports stay Docker-free)."""
     if name not in ADAPTERS:
-        if name not in MODULES:
-            raise KeyError(f"no harness adapter {name!r}; known: {', '.join(sorted(MODULES))}")
-        importlib.import_module(MODULES[name])
+        known = harnesses()
+        if name not in known:
+            raise KeyError(f"no harness adapter {name!r} in {REGISTRY}; known: {', '.join(sorted(known))}")
+        importlib.import_module(known[name]["module"])
+        if name not in ADAPTERS:
+            raise KeyError(f"{known[name]['module']} did not register an adapter named {name!r}")
     return ADAPTERS[name]
+
+
+class HarnessState:
+    """A harness cell's state volume: the files it starts from, and its long-lived processes.
+
+    After every wipe or restore the harness's config files are written again and `start` runs
+    (a gateway or daemon, if the harness has one); `stop` runs before the volume is touched.
+    `logs` are paths inside the sandbox (volume or tmpfs) whose new bytes are collected after
+    each instance into the cell's folder, so logs outside the snapshots are kept too.
+    """
+
+    def __init__(self, sandbox: DockerSandbox, files: dict[str, str] | None = None,
+                 start: Callable[[], None] | None = None, stop: Callable[[], None] | None = None,
+                 logs: tuple[str, ...] = ()):
+        self.sandbox = sandbox
+        self.files = dict(files or {})
+        self.start = start
+        self.stop = stop
+        self.logs = logs
+        self.offsets: dict[str, int] = {}
+
+    def prepare(self) -> None:
+        for path, text in self.files.items():
+            self.sandbox.write_file(path, text)
+        self.offsets = {}
+        if self.start:
+            self.start()
+
+    def _halt(self) -> None:
+        if self.stop:
+            self.stop()
+
+    def wipe(self) -> None:
+        self._halt()
+        self.sandbox.wipe()
+        self.prepare()
+
+    def snapshot(self, dest: Path) -> None:
+        self.sandbox.snapshot(dest)
+
+    def restore(self, source: Path | None) -> None:
+        self._halt()
+        self.sandbox.restore(source)
+        self.prepare()
+
+    def collect_logs(self, dest: Path) -> list[Path]:
+        """The bytes each log gained since the last call, as files under `dest` (never raises:
+        a missing or unreadable log is noted in `dest/missing.txt`)."""
+        written, missing = [], []
+        for path in self.logs:
+            offset = self.offsets.get(path, 0)
+            result = self.sandbox.exec(
+                ["sh", "-c", 'test -f "$1" || exit 3; size=$(stat -c %s "$1"); '
+                 '[ "$size" -lt "$2" ] && set -- "$1" 0; echo "$size"; tail -c +$(($2 + 1)) "$1"',
+                 "sh", path, str(offset)], timeout=120)
+            if not result.ok:
+                missing.append(f"{path}: {'not there' if result.returncode == 3 else result.stderr.decode(errors='replace').strip()}")
+                continue
+            size_line, _, data = result.stdout.partition(b"\n")
+            self.offsets[path] = int(size_line or 0)
+            if data:
+                dest.mkdir(parents=True, exist_ok=True)
+                target = dest / path.strip("/").replace("/", "__")
+                target.write_bytes(data)
+                written.append(target)
+        if missing:
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "missing.txt").write_text("\n".join(missing) + "\n")
+        return written
+
+
+class ConversationHarness(Learner):
+    """A harness driven one conversation per instance; the rows are settings of the cell.
+
+    Subclasses implement three things: open a new conversation (`open_conversation`), send one
+    user message and return the final text (`send`), and end the conversation
+    (`close_conversation`, which lets post-turn work finish). The rows: the program-procedure
+    rules open each instance; the verdict is sent in the same conversation, with the store
+    invitation (asked-to-store) or the save request (program-procedure rows) added to it.
+    """
+
+    name = "harness"
+
+    def __init__(self, cell: HarnessCell):
+        self.sandbox = cell.sandbox
+        self.prompts = cell.prompts
+        self.model = cell.model
+        self.effort = cell.effort
+        self.row = cell.row
+        self.task_id = ""
+        self.session = ""
+        self.pending = ""
+        self.open = False
+        self.turns: list[dict[str, Any]] = []
+
+    # --- what an adapter implements -------------------------------------------------------
+
+    @abc.abstractmethod
+    def open_conversation(self, session: str) -> None:
+        """Start a fresh conversation named `session` (nothing of an earlier one in context)."""
+
+    @abc.abstractmethod
+    def send(self, message: str) -> Turn:
+        """One user message in the current conversation -> the harness's final text (+ usage);
+        raise HarnessError when the harness fails."""
+
+    def close_conversation(self) -> None:
+        """End the conversation; wait for the harness's post-turn work (reviews) if it has any."""
+
+    def opening_rules(self) -> list[str]:
+        """Texts that open the first user message (harnesses keep their own system prompts)."""
+        rules = [self.prompts.render("system")]
+        if self.row.startswith("program-procedure"):
+            rules.append(self.prompts.render("program_procedure", programs_dir=PROGRAMS_DIR))
+        return rules
+
+    # --- the protocol side, the same for every harness --------------------------------------
+
+    def begin(self, view: InstanceView) -> None:
+        self._close()
+        self.session = f"carc-{uuid.uuid4().hex[:12]}"
+        self.turns = []
+        self.task_id = view.task_id
+        self.open_conversation(self.session)
+        self.open = True
+        self.pending = "\n".join(self.opening_rules() + [self.prompts.instance_message(
+            view.task_id, view.test_input, view.attempts_used, view.demos_used)])
+
+    def _send(self, message: str) -> Turn:
+        turn = self.send(message)
+        self.turns.append({"user": message, "assistant": turn.text, **turn.note})
+        return turn
+
+    def act(self) -> Turn:
+        return self._send(self.pending)
+
+    def observe(self, outcome: Outcome, attempts_used: int, demos_used: int) -> None:
+        self.pending = self.prompts.outcome_message(outcome, attempts_used, demos_used, demos_used)
+
+    def end(self, solved: bool) -> None:
+        """The verdict reaches the harness in the same conversation (it may store something)."""
+        if self.pending and self.open:
+            if self.row == "asked-to-store":
+                self.pending += "\n" + self.prompts.render("store_invitation")
+            elif self.row.startswith("program-procedure"):
+                self.pending += "\n" + self.prompts.render(
+                    "program_save_request", task_id=self.task_id, programs_dir=PROGRAMS_DIR)
+            self._send(self.pending)
+            self.pending = ""
+        self._close()
+
+    def _close(self) -> None:
+        if self.open:
+            self.open = False
+            self.close_conversation()
+
+    def close(self) -> None:
+        self._close()
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return list(self.turns)
+
+
+def load_adapters() -> dict[str, str]:
+    """Import every registered adapter (which registers its image recipe); name -> why it failed."""
+    failed = {}
+    for name in harnesses():
+        try:
+            adapter_for(name)
+        except Exception as exc:  # one broken adapter must not hide the others
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return failed

@@ -1,10 +1,15 @@
 """A scripted tool-using model for harness tests (OpenAI-compatible, streaming like real ones).
 
 It plays one script in the harness's own tool format: on the message that opens an instance it
-first calls the harness's memory tool to write a note naming the task; every other answer is the
-embedded solver's reply to the conversation (so instances end as they would on the solver). It
-marks in each answer whether the note for this task was already in the prompt, which is what
-the integration tests read: a memory-on harness shows it on a returning instance, memory-off not.
+first writes a note naming the task with a tool the harness offers; every other answer is the
+embedded solver's reply to the conversation (so instances end as they would on the solver).
+The integration tests read the journal: a memory-on harness brings the note back on a returning
+instance, a memory-off one never does.
+
+Which tool writes the note depends on what the request offers (`NOTE_WRITERS`, first match):
+hermes' `memory` tool, openclaw's `exec` (append to the workspace's MEMORY.md, which openclaw
+injects into every session), prime-agent's `ipython` (`harness.create_memory`), or a generic
+shell tool. A new adapter whose harness offers none of these adds its own entry.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -29,19 +34,51 @@ def _text(message: dict[str, Any]) -> str:
     return message_text(message.get("content")) or ""
 
 
-def decide(messages: list[dict[str, Any]], effort: str = "low") -> dict[str, Any]:
-    """The next assistant message: a memory tool call, or text."""
-    last = messages[-1] if messages else {}
-    if last.get("role") == "user" and "Review the conversation" in _text(last):
+def _shell_append(note: str) -> str:
+    return f"printf '%s\\n' '{note}' >> MEMORY.md"
+
+
+# tool name offered by the harness -> the arguments that write `note` with it
+NOTE_WRITERS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "memory": lambda note: {"action": "add", "target": "memory", "content": note},  # hermes-agent
+    "exec": lambda note: {"command": _shell_append(note), "title": "save a note"},  # openclaw
+    "ipython": lambda note: {"code": f"harness.create_memory({note!r}, {note!r}, global_=True)"},  # prime-agent
+    "bash": lambda note: {"command": _shell_append(note)},
+    "shell": lambda note: {"command": _shell_append(note)},
+}
+
+
+def _offered(body_tools: list[dict[str, Any]] | None) -> list[str]:
+    return [t.get("function", {}).get("name", "") for t in body_tools or []]
+
+
+def _trailing_user_text(messages: list[dict[str, Any]]) -> str | None:
+    """The user messages at the end of the conversation (a harness may add its own context
+    block after ours), or None when the conversation does not end with the user."""
+    tail = []
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            break
+        tail.append(_text(message))
+    return "\n".join(reversed(tail)) if tail else None
+
+
+def decide(messages: list[dict[str, Any]], effort: str = "low",
+           tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The next assistant message: a note-writing tool call, or text."""
+    last = _trailing_user_text(messages)
+    offered = _offered(tools) if tools is not None else ["memory"]
+    if last is not None and "Review the conversation" in last:
         return {"content": "Nothing to save."}
-    if last.get("role") == "user" and _TASK.search(_text(last)):
-        task = _TASK.search(_text(last)).group(1)
-        args = {"action": "add", "target": "memory", "content": NOTE.format(task=task)}
+    writer = next((name for name in NOTE_WRITERS if name in offered), None)
+    if last is not None and writer and _TASK.search(last):
+        task = _TASK.search(last).group(1)
+        args = NOTE_WRITERS[writer](NOTE.format(task=task))
         return {"content": None, "tool_calls": [{
             "id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
-            "function": {"name": "memory", "arguments": json.dumps(args)}}]}
-    plain = [{"role": m["role"], "content": _text(m)} for m in messages
-             if m.get("role") in ("system", "user", "assistant") and _text(m)]
+            "function": {"name": writer, "arguments": json.dumps(args)}}]}
+    plain = [{"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m)}
+             for m in messages if m.get("role") in ("system", "developer", "user", "assistant") and _text(m)]
     return {"content": _answer(plain, effort, None, None).text}
 
 
@@ -51,7 +88,7 @@ def create_app() -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
-        message = decide(body.get("messages") or [])
+        message = decide(body.get("messages") or [], tools=body.get("tools") or [])
         usage = {"prompt_tokens": sum(len(json.dumps(m)) // 4 for m in body.get("messages") or []),
                  "completion_tokens": len(json.dumps(message)) // 4}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]

@@ -13,16 +13,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness_adapters.chat_model import ModelEndpoint
+from harness_adapters.registry import harnesses
 from orchestrator.protocol import Limits
 
-LEARNER_ROWS: dict[str, tuple[str, ...]] = {
+LADDER_ROWS: dict[str, tuple[str, ...]] = {
     "stateless-floor": ("memory-on",),
     "demo-cache-floor": ("memory-on",),
     "program-library": ("memory-on", "wiped"),
-    "hermes-agent": ("memory-on", "memory-off", "asked-to-store", "program-procedure",
-                     "program-procedure-wiped"),
 }
-HARNESSES = {"hermes-agent"}  # learners that run in their own Docker sandbox behind a proxy container
+# harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/harnesses.yaml)
+HARNESSES = frozenset(harnesses())
+LEARNER_ROWS: dict[str, tuple[str, ...]] = {
+    **LADDER_ROWS, **{name: entry["rows"] for name, entry in harnesses().items()}}
 EMBEDDED = "embedded"
 
 
@@ -128,6 +130,17 @@ class GridConfig(_Strict):
     workers: int = Field(2, ge=1, le=64)
     sandbox: SandboxConfig = SandboxConfig()
     proxy: ProxyConfig = ProxyConfig()
+    harness_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per harness, settings its adapter reads, e.g. "
+        "openclaw: {dreaming_frequency: '0 * * * *', workshop_mode: auto}")
+
+    @field_validator("harness_options")
+    @classmethod
+    def _known_harnesses(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        unknown = sorted(set(value) - HARNESSES)
+        if unknown:
+            raise ValueError(f"no harness {', '.join(unknown)}; known: {', '.join(sorted(HARNESSES))}")
+        return value
 
     @field_validator("learners", mode="before")
     @classmethod

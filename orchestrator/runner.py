@@ -225,6 +225,12 @@ class CellRunner:
         (self.transcripts / f"{slot.index:05d}.json").write_text(
             json.dumps(learner.transcript(), indent=1))
         self.services.state.snapshot(self.snapshots / f"{slot.index:05d}.tar.gz")
+        collect = getattr(self.services.state, "collect_logs", None)
+        if collect is not None:  # a harness's logs (also those outside the volume), per instance
+            try:
+                collect(self.cell_dir / "logs" / f"{slot.index:05d}")
+            except Exception as exc:  # a lost log must not lose the verdict
+                log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
             reason=protocol.failure_reason, demos_used=protocol.demos_used,

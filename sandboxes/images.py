@@ -113,6 +113,25 @@ def wheelhouse(name: str, requirements: tuple[str, ...]) -> Path:
     return target
 
 
+def npm_tree(name: str, spec: str) -> Path:
+    """An uncompressed tar of `node_modules` for the npm package `spec` (host npm, no install
+    scripts), made once; the image unpacks it with ADD. One file keeps the context digest cheap."""
+    target = cache_dir() / "npm" / f"{name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}.tar"
+    if target.exists():
+        return target
+    if shutil.which("npm") is None:
+        raise ImageBuildError(f"npm is needed to fetch {spec} for the {name} image; "
+                              "install it (apt-get install -y npm) or run scripts/docker-up.sh")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        # --engine-strict off: the host's npm may run on an older Node than the image's
+        run(["npm", "install", "--prefix", tmp, "--ignore-scripts", "--no-audit", "--no-fund",
+             "--omit=dev", "--loglevel=error", spec], what=f"npm install {spec}")
+        run(["tar", "-C", tmp, "-cf", f"{target}.part", "node_modules"], what=f"packing {spec}")
+        os.replace(f"{target}.part", target)
+    return target
+
+
 def run(cmd: list[str], what: str, cwd: str | Path | None = None) -> str:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -91,14 +91,16 @@ class ConversationState:
 # Markers of the environment's messages (see orchestrator/prompts/default.yaml).
 _TASK_ID = re.compile(r"Task id:[ \t]*(\S+)")
 _TEST_INPUT = re.compile(r"Test input:")
-_DEMO = re.compile(r"^[ \t>*_-]*Demonstration[ \t]+(\d+)[ \t]+(input|output):", re.MULTILINE)
+# a harness may prefix the user's text with an envelope such as "[Tue 2026-12-01 02:43 UTC] "
+_ENVELOPE = r"(?:\[[^\]\n]{0,80}\][ \t]*)?"
+_DEMO = re.compile(rf"^{_ENVELOPE}[ \t>*_-]*Demonstration[ \t]+(\d+)[ \t]+(input|output):", re.MULTILINE)
 _COUNTS = re.compile(
     r"used\s+(\d+)\s+of\s+\d+\s+attempts\s+and\s+(\d+)\s+of\s+\d+\s+demonstrations", re.IGNORECASE)
 _VERDICT = re.compile(r"Verdict:\s*(correct|incorrect)\b", re.IGNORECASE)
 # "finish is refused until the instance is over" must not read as the end of the instance.
 _OVER = re.compile(r"(?<!until )\bthe instance is over\b", re.IGNORECASE)
 _DID_NOT_REPRODUCE = re.compile(r"did not reproduce", re.IGNORECASE)
-_REFUSED = re.compile(r"^\s*Refused\b", re.IGNORECASE | re.MULTILINE)
+_REFUSED = re.compile(rf"^\s*{_ENVELOPE}Refused\b", re.IGNORECASE | re.MULTILINE)
 _MALFORMED = re.compile(r"Malformed action|No program was found", re.IGNORECASE)
 _PROGRAM_LINE = re.compile(r"^[ \t]*#[ \t]*program:[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 _PYTHON_BLOCK = re.compile(r"```python[ \t]*\n", re.IGNORECASE)

@@ -2,13 +2,14 @@
 
 import pytest
 
-from harness_adapters.harness import MODULES, FailureKind, adapter_for
+from harness_adapters.harness import FailureKind, adapter_for
+from harness_adapters.registry import harnesses
 from orchestrator.grid_config import HARNESSES, LEARNER_ROWS
 from orchestrator.prompts import PromptSet
 
 
 def test_every_harness_a_grid_may_name_has_an_adapter_with_the_same_rows():
-    assert set(MODULES) == HARNESSES
+    assert set(harnesses()) == HARNESSES
     for name in HARNESSES:
         adapter = adapter_for(name)
         assert adapter.name == name and adapter.rows == LEARNER_ROWS[name]

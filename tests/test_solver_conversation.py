@@ -203,3 +203,18 @@ def test_developer_role_counts_as_system_for_the_mode():
     messages = opening(program=True)
     messages[0]["role"] = "developer"
     assert read_conversation(messages).mode is Mode.PROGRAM
+
+
+def test_a_harness_envelope_before_the_text_does_not_hide_pairs_or_refusals():
+    """openclaw prefixes every user message with "[<weekday> <date> <time> UTC] "."""
+    from solver_model.conversation import read_conversation
+    messages = [
+        {"role": "user", "content": "[Tue 2026-12-01 02:42 UTC] Task id: t1\nTest input:\n[[1,0]]\n\nRuntime: agent=main"},
+        {"role": "assistant", "content": '{"action": "request_demos"}'},
+        {"role": "user", "content": "[Tue 2026-12-01 02:43 UTC] Demonstration 1 input:\n[[1,0]]\n"
+                                    "Demonstration 1 output:\n[[0,1]]\n"},
+        {"role": "assistant", "content": '{"action": "request_demos"}'},
+        {"role": "user", "content": "[Tue 2026-12-01 02:44 UTC] Refused: no more demonstrations."},
+    ]
+    state = read_conversation(messages)
+    assert state.task_id == "t1" and len(state.pairs) == 1 and state.demos_refused

@@ -1,0 +1,171 @@
+"""openclaw, the real package in its real sandbox (gateway inside), through the real proxy, on
+the scripted model.
+
+The scripted model appends a note naming the task to the workspace's MEMORY.md with openclaw's
+`exec` tool on every instance's first message; openclaw injects MEMORY.md into the system prompt
+of every new session, so on a returning instance the note is back in the first request
+(memory-on) or not (memory-off: the gateway is stopped, the volume emptied, a fresh start).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from harness_adapters.openclaw import DEFAULTS, render_config
+from harness_adapters.scripted_model import NOTE, create_app
+from orchestrator.grid_run import execute
+from orchestrator.records import read_events
+from proxy.journal import read_journal
+from solver_model.conversation import message_text
+from tests.docker_fixtures import client  # noqa: F401
+
+GRID = """\
+name: openclaw-it
+seed: 5
+track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
+orders: [sequential]
+model: {{endpoint: "{endpoint}", name: carc-scripted}}
+efforts: [low]
+learners:
+  - openclaw
+  - {{learner: openclaw, row: memory-off}}
+  - {{learner: openclaw, row: asked-to-store}}
+workers: 2
+"""
+
+
+def test_the_config_points_at_the_proxy_with_every_mechanism_on():
+    config = json.loads(render_config("http://proxy:8081/v1", "m1", "high"))
+    provider = config["models"]["providers"]["carc"]
+    assert provider["baseUrl"] == "http://proxy:8081/v1" and provider["apiKey"] == "${OPENAI_API_KEY}"
+    assert config["agents"]["defaults"]["model"]["primary"] == "carc/m1"
+    assert config["agents"]["defaults"]["thinkingDefault"] == "high"
+    dreaming = config["plugins"]["entries"]["memory-core"]["config"]["dreaming"]
+    assert dreaming == {"enabled": True, "frequency": DEFAULTS["dreaming_frequency"]}
+    assert config["memory"]["search"]["provider"] == "none"
+    assert config["agents"]["defaults"]["compaction"]["memoryFlush"]["enabled"] is True
+    assert config["skills"]["workshop"]["autonomous"]["mode"] == "auto"
+    # the outside calls are off: update check, model catalog; no per-30-min heartbeat turns
+    assert config["update"]["checkOnStart"] is False and config["models"]["catalogRefresh"]["enabled"] is False
+    assert config["agents"]["defaults"]["heartbeat"]["every"] == "0m"
+    assert config["logging"]["file"].startswith("/tmp/")
+
+
+def test_options_are_checked_by_name():
+    config = json.loads(render_config("http://p/v1", "m", None, {"dreaming_frequency": "*/5 * * * *"}))
+    assert config["plugins"]["entries"]["memory-core"]["config"]["dreaming"]["frequency"] == "*/5 * * * *"
+    with pytest.raises(ValueError, match="dreaming_frequncy"):
+        render_config("http://p/v1", "m", None, {"dreaming_frequncy": "x"})
+
+
+@pytest.fixture(scope="module")
+def run_dir(client, tmp_path_factory):
+    host = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    root = tmp_path_factory.mktemp("openclaw")
+    run = root / "runs" / "openclaw-it"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(GRID.format(endpoint=f"http://{host}:{port}/v1"))
+    try:
+        execute(run, show_progress=False)
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    return run
+
+
+def cell(run: Path, row: str) -> Path:
+    name = "openclaw" if row == "memory-on" else f"openclaw-{row}"
+    return run / "cells" / f"{name}.low.sequential.s5"
+
+
+def chat_calls(cell_dir: Path):
+    return [e for e in read_journal(cell_dir / "journal" / "journal.jsonl") if e.api == "openai-chat"]
+
+
+def first_system_prompts(cell_dir: Path) -> dict[int, str]:
+    firsts: dict[int, str] = {}
+    for entry in chat_calls(cell_dir):
+        if entry.slot is not None and entry.slot not in firsts:
+            firsts[entry.slot] = str(entry.request["messages"][0]["content"])
+    return firsts
+
+
+def slot_tasks(cell_dir: Path) -> dict[int, tuple[str, int]]:
+    return {e.slot: (e.task, e.visit) for e in read_events(cell_dir / "events.jsonl")
+            if e.type == "instance_end"}
+
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_every_instance_ends_once_without_learner_errors(run_dir):
+    for row in ("memory-on", "memory-off", "asked-to-store"):
+        events = read_events(cell(run_dir, row) / "events.jsonl")
+        assert sorted(e.slot for e in events if e.type == "instance_end") == [0, 1, 2, 3], row
+        assert not [e.error for e in events if e.type == "learner_error"], row
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_memory_on_brings_the_note_back_on_a_returning_instance(run_dir):
+    folder = cell(run_dir, "memory-on")
+    firsts, tasks = first_system_prompts(folder), slot_tasks(folder)
+    for slot, (task, visit) in tasks.items():
+        assert (NOTE.format(task=task) in firsts[slot]) == (visit > 0), (slot, task, visit)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_memory_off_never_sees_a_note_and_keeps_only_the_current_one(run_dir):
+    folder = cell(run_dir, "memory-off")
+    assert all("carc-note" not in prompt for prompt in first_system_prompts(folder).values())
+    with tarfile.open(folder / "snapshots" / "00003.tar.gz") as tar:
+        memory = tar.extractfile("./openclaw/workspace/MEMORY.md").read().decode()
+    assert memory.count("carc-note") == 1
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_stores_are_on_the_volume_and_the_logs_are_collected(run_dir):
+    folder = cell(run_dir, "memory-on")
+    with tarfile.open(folder / "snapshots" / "00003.tar.gz") as tar:
+        names = set(tar.getnames())
+    for store in ("./openclaw/openclaw.json", "./openclaw/state/openclaw.sqlite",
+                  "./openclaw/agents/main/agent/openclaw-agent.sqlite", "./openclaw/workspace/MEMORY.md"):
+        assert store in names, store
+    logs = sorted((folder / "logs").glob("*/*openclaw.log"))
+    assert logs and "gateway" in logs[0].read_text(errors="replace")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_verdict_arrives_in_the_same_session_and_nothing_leaves_but_model_calls(run_dir):
+    for row in ("memory-on", "asked-to-store"):
+        journal = read_journal(cell(run_dir, row) / "journal" / "journal.jsonl")
+        after = [e for e in journal if e.api == "openai-chat" and e.phase == "after"]
+        assert after, f"{row}: no call after a verdict"
+        for entry in after:
+            texts = [str(m.get("content")) for m in entry.request["messages"]]
+            assert any("Verdict:" in t for t in texts) and any("Task id:" in t for t in texts)
+        # the update check and the model catalog are off: no refused (403) call to the outside
+        assert not [e.url for e in journal if e.status == 403], row
+    from orchestrator.prompts import PromptSet
+    invitation = PromptSet.load().render("store_invitation").strip()
+    asked = [e for e in chat_calls(cell(run_dir, "asked-to-store")) if e.phase == "after"]
+    assert any(invitation in message_text(m.get("content")) for e in asked for m in e.request["messages"])
