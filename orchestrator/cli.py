@@ -16,12 +16,14 @@ model_app = typer.Typer(no_args_is_help=True, help="The embedded offline solver 
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sources.")
 images_app = typer.Typer(no_args_is_help=True, help="Sandbox images (built from recipes, cached).")
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Docker sandboxes of cells.")
+adapters_app = typer.Typer(no_args_is_help=True, help="Harness adapters: list, scaffold, check.")
 app.add_typer(grid_app, name="grid")
 app.add_typer(stream_app, name="stream")
 app.add_typer(model_app, name="model")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(images_app, name="images")
 app.add_typer(sandboxes_app, name="sandboxes")
+app.add_typer(adapters_app, name="adapters")
 console = Console()
 
 
@@ -148,7 +150,11 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
     """Build the images of the named recipes (and their parents); print each tag and size."""
     import time
 
+    from harness_adapters.harness import load_adapters
     from sandboxes.images import RECIPES, ImageBuildError, docker_client, ensure_image, image_size_mb
+    for harness, why in load_adapters().items():
+        if harness in (names or ()):
+            _fail(f"harness {harness}: {why}")
     chosen = "offline" if offline else base
     if chosen not in ("auto", "registry", "offline"):
         _fail(f"--base {base!r}: use auto, registry or offline")
@@ -175,6 +181,68 @@ def sandboxes_prune(run: Optional[str] = typer.Option(None, help="only this run 
         _fail(str(exc))
     console.print(f"removed {len(pruned.containers)} containers, {len(pruned.networks)} networks, "
                   f"{len(pruned.volumes)} volumes")
+
+
+@adapters_app.command("list")
+def adapters_list(registry: Optional[Path] = typer.Option(None, hidden=True)) -> None:
+    """The registered harnesses: module (and whether it imports), rows, image recipe."""
+    from rich.markup import escape
+
+    from harness_adapters.registry import REGISTRY, RegistryError
+    from harness_adapters.scaffold import registered_harnesses
+    try:
+        listed = registered_harnesses(registry or REGISTRY)
+    except (OSError, RegistryError) as exc:
+        _fail(str(exc))
+    for entry in listed:
+        status = escape(entry.status)
+        status = f"[green]{status}[/green]" if entry.importable else f"[red]{status}[/red]"
+        console.print(f"[bold]{entry.name}[/bold]  {entry.module}  {status}", highlight=False, soft_wrap=True)
+        console.print(f"  rows:   {', '.join(entry.rows)}\n  recipe: {entry.recipe}",
+                      highlight=False, soft_wrap=True)
+
+
+@adapters_app.command("new")
+def adapters_new(name: str = typer.Argument(..., help="harness name, e.g. my-agent"),
+                 npm: Optional[str] = typer.Option(None, help="npm package the image installs"),
+                 pip: Optional[str] = typer.Option(None, help="PyPI package (default: NAME)"),
+                 version: Optional[str] = typer.Option(None, help="pinned version (default: latest)"),
+                 root: Optional[Path] = typer.Option(None, hidden=True)) -> None:
+    """Scaffold a harness adapter (module, recipe, driver, conformance test, docs) and register it."""
+    from harness_adapters.scaffold import REPO_ROOT, ScaffoldError, new_adapter
+    base = root or REPO_ROOT
+    try:
+        written = new_adapter(name, base, npm=npm, pip=pip, version=version)
+    except ScaffoldError as exc:
+        _fail(str(exc))
+    for path in written:
+        console.print(f"wrote {path.relative_to(base)}", highlight=False)
+    console.print(f"registered {name} in harness_adapters/harnesses.yaml; next: "
+                  f"docs/adding-a-harness.md, then `carc adapters check {name}`",
+                  highlight=False, soft_wrap=True)
+
+
+@adapters_app.command("check")
+def adapters_check(name: str,
+                   keep: Optional[Path] = typer.Option(None, help="keep the run's records in this folder"),
+                   tasks: int = typer.Option(2, min=1), visits: int = typer.Option(2, min=2)) -> None:
+    """Run NAME through a short stream on the scripted model and check it (exit 1 on a failure)."""
+    import tempfile
+
+    from harness_adapters.conformance import print_report, run_conformance
+    from harness_adapters.registry import harnesses
+    if name not in harnesses():
+        _fail(f"no harness {name!r} registered; known: {', '.join(harnesses())} "
+              f"(scaffold one with `carc adapters new {name}`)")
+    with tempfile.TemporaryDirectory(prefix="carc-conformance-") as scratch:
+        workdir = keep or Path(scratch)
+        with console.status(f"running {name} on the scripted model (builds its image on first use) ..."):
+            report = run_conformance(name, workdir, tasks=tasks, visits=visits)
+        print_report(report, console)
+    console.print(f"records: {report.run_dir}" if keep else "(records removed; keep them with --keep DIR)",
+                  highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @app.command("doctor")
