@@ -15,9 +15,12 @@ from proxy.journal import JOURNAL_FILE, read_journal
 TITLE = "Model calls (proxy journal)"
 INTRO = ("Every model call as the journaling proxy recorded it: calls, refused requests (hosts "
          "not on the allowlist), calls that ended in an error, calls made after an instance's "
-         "verdict or between instances, tokens, cost from the price table, and latency.")
+         "verdict or between instances, tokens, cost from the price table, and latency. Per "
+         "instance: wall time, time spent in model calls (journal latencies of the instance's "
+         "slot), and the rest: what the learner or harness itself costs (overhead).")
 COLUMNS = ["cell", "calls", "refused", "errors", "after verdict", "prompt tokens",
-           "completion tokens", "cost USD", "latency p50 s", "latency p99 s"]
+           "completion tokens", "cost USD", "latency p50 s", "latency p99 s",
+           "wall s/instance", "model s/instance", "overhead s/instance"]
 
 
 def journal_frame(run_dir: Path) -> pd.DataFrame:
@@ -37,6 +40,15 @@ def journal_frame(run_dir: Path) -> pd.DataFrame:
                                        "completion_tokens", "cost_usd", "latency_s"])
 
 
+def instance_walls(run_dir: Path, cell: str) -> dict[int, float]:
+    """Wall seconds of each finished instance of a cell, by slot (its events)."""
+    from orchestrator.records import read_events
+    path = run_dir / "cells" / cell / "events.jsonl"
+    if not path.exists():
+        return {}
+    return {e.slot: e.wall_s for e in read_events(path) if e.type == "instance_end" and e.wall_s is not None}
+
+
 def journal_section(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
     frame = journal_frame(run_dir)
     if frame.empty:
@@ -44,10 +56,17 @@ def journal_section(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
     rows = []
     for cell, calls in frame.groupby("cell", sort=True):
         latency = calls["latency_s"].dropna()
+        walls = instance_walls(run_dir, cell)
+        model = calls[calls["slot"].isin(list(walls))].groupby("slot")["latency_s"].sum()
+        per_slot = [(walls[slot], float(model.get(slot, 0.0))) for slot in walls]
+        wall = sum(w for w, _ in per_slot) / len(per_slot) if per_slot else None
+        spent = sum(m for _, m in per_slot) / len(per_slot) if per_slot else None
         rows.append([cell, len(calls), int(calls["refused"].sum()), int(calls["error"].sum()),
                      int(calls["phase"].isin(["after", "between"]).sum()),
                      int(calls["prompt_tokens"].sum()), int(calls["completion_tokens"].sum()),
                      f"{calls['cost_usd'].sum():.4f}",
                      f"{latency.quantile(0.5):.3f}" if len(latency) else "",
-                     f"{latency.quantile(0.99):.3f}" if len(latency) else ""])
+                     f"{latency.quantile(0.99):.3f}" if len(latency) else "",
+                     "" if wall is None else f"{wall:.2f}", "" if spent is None else f"{spent:.2f}",
+                     "" if wall is None else f"{wall - spent:.2f}"])
     return INTRO, pd.DataFrame(rows, columns=COLUMNS)
