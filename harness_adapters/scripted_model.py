@@ -8,7 +8,7 @@ instance, a memory-off one never does.
 
 Which tool writes the note depends on what the request offers (`NOTE_WRITERS`, first match):
 hermes' `memory` tool, openclaw's `exec` (append to the workspace's MEMORY.md, which openclaw
-injects into every session), prime-agent's `ipython` (`harness.create_memory`), or a generic
+injects into every session), prime-agent's `ipython` (`rlm.harness.create_memory`), or a generic
 shell tool. A new adapter whose harness offers none of these adds its own entry.
 """
 
@@ -42,7 +42,7 @@ def _shell_append(note: str) -> str:
 NOTE_WRITERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "memory": lambda note: {"action": "add", "target": "memory", "content": note},  # hermes-agent
     "exec": lambda note: {"command": _shell_append(note), "title": "save a note"},  # openclaw
-    "ipython": lambda note: {"code": f"harness.create_memory({note!r}, {note!r}, global_=True)"},  # prime-agent
+    "ipython": lambda note: {"code": f"rlm.harness.create_memory({note!r}, {note!r}, global_=True)"},  # prime-agent
     "bash": lambda note: {"command": _shell_append(note)},
     "shell": lambda note: {"command": _shell_append(note)},
 }
