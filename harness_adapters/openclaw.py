@@ -59,7 +59,9 @@ def render_config(base_url: str, model: str, effort: str | None, options: dict[s
                 "baseUrl": base_url, "apiKey": "${OPENAI_API_KEY}", "api": "openai-completions",
                 "models": [{"id": model, "name": model, "reasoning": True, "input": ["text"],
                             "contextWindow": opts["context_window"], "maxTokens": opts["max_tokens"],
-                            "compat": {"supportsReasoningEffort": True}}]}}},
+                            "compat": {"supportsReasoningEffort": True,
+                                       # stream_options.include_usage: the journal counts tokens
+                                       "supportsUsageInStreaming": True}}]}}},
         "agents": {"defaults": {
             "model": {"primary": f"carc/{model}"},
             "thinkingDefault": effort or "medium",

@@ -162,8 +162,16 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
         client = docker_client()
         for name in names or list(RECIPES):
             start = time.monotonic()
-            with console.status(f"building {name} ..."):
-                tag = ensure_image(name, chosen, client)
+            try:
+                with console.status(f"building {name} ..."):
+                    tag = ensure_image(name, chosen, client)
+            except ImageBuildError as exc:
+                if names:
+                    raise
+                # building all: a recipe whose input the user has not supplied (prime-agent's
+                # source) is skipped with the reason, the others are built
+                console.print(f"{name:<16} skipped: {exc}", highlight=False, soft_wrap=True)
+                continue
             console.print(f"{name:<16} {tag:<40} {image_size_mb(client, tag):8.0f} MB "
                           f"{time.monotonic() - start:6.1f} s", highlight=False)
     except ImageBuildError as exc:

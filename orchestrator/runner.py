@@ -21,7 +21,7 @@ import structlog
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc import as_grid
-from orchestrator.cell_services import CellServices, cell_services
+from orchestrator.cell_services import CellServices, cell_services, journal_dir
 from orchestrator.grid_config import Cell, GridConfig
 from orchestrator.learners import build_learner
 from orchestrator.prompts import PromptSet
@@ -30,6 +30,7 @@ from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol
 from orchestrator.records import Event, EventLog, read_events, truncate_torn_tail, write_json
 from orchestrator.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
+from proxy.journal import JOURNAL_FILE, JournalTail
 
 log = structlog.get_logger("carc.runner")
 
@@ -87,6 +88,7 @@ class CellRunner:
         self.events_path = self.cell_dir / "events.jsonl"
         self.state_dir = self.cell_dir / "state"
         self.snapshots = self.cell_dir / "snapshots"
+        self.journal_tail: JournalTail | None = None
         self.transcripts = self.cell_dir / "transcripts"
         for folder in (self.state_dir, self.snapshots, self.transcripts):
             folder.mkdir(parents=True, exist_ok=True)
@@ -131,6 +133,15 @@ class CellRunner:
                         self.progress(position + 1, len(schedule))
             finally:
                 learner.close()
+
+    def _journal_usage(self, slot: int) -> Usage:
+        """This instance's model calls as the cell's proxy journaled them (those made so far)."""
+        if self.journal_tail is None:
+            self.journal_tail = JournalTail(journal_dir(self.cell_dir) / JOURNAL_FILE)
+        mine = [e for e in self.journal_tail.new_entries() if e.slot == slot and not e.refused]
+        return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
+                     sum(e.completion_tokens or 0 for e in mine),
+                     sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
 
     # --- state volume: wipe, snapshot, restore --------------------------------------------------
 
@@ -231,6 +242,8 @@ class CellRunner:
                 collect(self.cell_dir / "logs" / f"{slot.index:05d}")
             except Exception as exc:  # a lost log must not lose the verdict
                 log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
+        if self.services.harness is not None:  # a harness does not count its calls; the proxy does
+            usage = self._journal_usage(slot.index)
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
             reason=protocol.failure_reason, demos_used=protocol.demos_used,

@@ -166,3 +166,29 @@ def read_slot(control_path: str | os.PathLike[str]) -> tuple[int | None, Phase |
     if phase not in PHASES or not (slot is None or isinstance(slot, int)):
         raise ValueError(f"{control_path}: slot {slot!r} / phase {phase!r} are not valid")
     return slot, phase
+
+
+class JournalTail:
+    """The complete lines a journal gained since the last call (a bad or torn line is skipped):
+    the runner's per-instance account of a harness's model calls."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.offset = 0
+
+    def new_entries(self) -> list[JournalEntry]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1
+        self.offset += complete
+        entries = []
+        for line in data[:complete].split(b"\n"):
+            if line.strip():
+                try:
+                    entries.append(JournalEntry.from_json(line.decode("utf-8", "replace")))
+                except (ValueError, TypeError):
+                    continue
+        return entries

@@ -591,3 +591,21 @@ def test_price_file_errors_name_the_file_and_model(tmp_path):
     bad.write_text(json.dumps({"models": {"m": {"input": "cheap"}}}))
     with pytest.raises(ValueError, match=r"p.json: models.m: needs numeric"):
         PriceTable.load(bad)
+
+
+def test_journal_tail_returns_each_complete_line_once(tmp_path):
+    from proxy.journal import JournalEntry, JournalTail
+    path = tmp_path / "journal.jsonl"
+    tail = JournalTail(path)
+    assert tail.new_entries() == []  # no journal yet
+    def entry(entry_id: str, slot: int) -> str:
+        return JournalEntry(entry_id, "c", slot, "before", "reverse", "POST", "http://m/v1", "m",
+                            "openai-chat", "m", False, 200, False, {}, {}, 0.0, 0.1, 0.2, 0.2).to_json()
+
+    first, second = entry("a", 0), entry("b", 1)
+    path.write_text(first + "\n" + second[:10])  # the second line is still being written
+    assert [e.id for e in tail.new_entries()] == ["a"]
+    with open(path, "a") as handle:
+        handle.write(second[10:] + "\nnot json\n")
+    assert [e.id for e in tail.new_entries()] == ["b"]  # the bad line is skipped
+    assert tail.new_entries() == []
