@@ -11,6 +11,7 @@ fi
 # A real Docker engine for the sandbox, proxy and security tests (never mocked).
 bash scripts/docker-up.sh
 python3 -m pip install --quiet -e '.[test]'
-# Images the Docker tests use (offline base when no registry answers); cached by content hash.
-carc images build base proxy
+# Images the Docker tests use (offline base when no registry answers), harness images included
+# (hermes-agent from a host wheelhouse, openclaw from the host npm); cached by content hash.
+carc images build base proxy hermes-agent openclaw
 python3 -m pytest -q "$@"
