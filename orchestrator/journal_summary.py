@@ -14,11 +14,12 @@ from proxy.journal import JOURNAL_FILE, read_journal
 
 TITLE = "Model calls (proxy journal)"
 INTRO = ("Every model call as the journaling proxy recorded it: calls, refused requests (hosts "
-         "not on the allowlist), calls that ended in an error, calls made after an instance's "
+         "not on the allowlist), GET requests answered 404 (a harness probing the endpoint for "
+         "optional APIs), calls that ended in an error, calls made after an instance's "
          "verdict or between instances, tokens, cost from the price table, and latency. Per "
          "instance: wall time, time spent in model calls (journal latencies of the instance's "
          "slot), and the rest: what the learner or harness itself costs (overhead).")
-COLUMNS = ["cell", "calls", "refused", "errors", "after verdict", "prompt tokens",
+COLUMNS = ["cell", "calls", "refused", "404 probes", "errors", "after verdict", "prompt tokens",
            "completion tokens", "cost USD", "latency p50 s", "latency p99 s",
            "wall s/instance", "model s/instance", "overhead s/instance"]
 
@@ -31,12 +32,14 @@ def journal_frame(run_dir: Path) -> pd.DataFrame:
         if not path.exists():
             continue
         for entry in read_journal(path):
+            probe = entry.method == "GET" and entry.status == 404  # a harness probing for endpoints
             rows.append({"cell": cell_dir.name, "slot": entry.slot, "phase": entry.phase,
-                         "refused": entry.refused, "error": entry.error is not None,
+                         "refused": entry.refused, "probe": probe,
+                         "error": entry.error is not None and not probe,
                          "prompt_tokens": entry.prompt_tokens or 0,
                          "completion_tokens": entry.completion_tokens or 0,
                          "cost_usd": entry.cost_usd or 0.0, "latency_s": entry.latency_s})
-    return pd.DataFrame(rows, columns=["cell", "slot", "phase", "refused", "error", "prompt_tokens",
+    return pd.DataFrame(rows, columns=["cell", "slot", "phase", "refused", "probe", "error", "prompt_tokens",
                                        "completion_tokens", "cost_usd", "latency_s"])
 
 
@@ -61,7 +64,8 @@ def journal_section(run_dir: Path) -> tuple[str, pd.DataFrame] | None:
         per_slot = [(walls[slot], float(model.get(slot, 0.0))) for slot in walls]
         wall = sum(w for w, _ in per_slot) / len(per_slot) if per_slot else None
         spent = sum(m for _, m in per_slot) / len(per_slot) if per_slot else None
-        rows.append([cell, len(calls), int(calls["refused"].sum()), int(calls["error"].sum()),
+        rows.append([cell, len(calls), int(calls["refused"].sum()), int(calls["probe"].sum()),
+                     int(calls["error"].sum()),
                      int(calls["phase"].isin(["after", "between"]).sum()),
                      int(calls["prompt_tokens"].sum()), int(calls["completion_tokens"].sum()),
                      f"{calls['cost_usd'].sum():.4f}",
