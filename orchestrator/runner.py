@@ -138,7 +138,8 @@ class CellRunner:
         """This instance's model calls as the cell's proxy journaled them (those made so far)."""
         if self.journal_tail is None:
             self.journal_tail = JournalTail(journal_dir(self.cell_dir) / JOURNAL_FILE)
-        mine = [e for e in self.journal_tail.new_entries() if e.slot == slot and not e.refused]
+        mine = [e for e in self.journal_tail.new_entries()
+                if e.slot == slot and not e.refused and e.api != "other"]  # not endpoint probes
         return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
                      sum(e.completion_tokens or 0 for e in mine),
                      sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
