@@ -59,6 +59,23 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     console.print(f"run: {run_dir}")
     if report:
         console.print(f"report: {write_report(run_dir)}")
+        _inspect_harness_cells(run_dir)
+
+
+def _inspect_harness_cells(run_dir: Path) -> None:
+    """A run with harness cells also gets the stores inspector's account (RUN/inspect/)."""
+    from orchestrator.grid_config import HARNESSES, load_grid
+    from orchestrator.grid_run import run_grid_path
+    from stores_inspector import inspect_run
+
+    if not {c.learner for c in load_grid(run_grid_path(run_dir)).cells()} & HARNESSES:
+        return
+    try:
+        folder = inspect_run(run_dir).write()
+    except Exception as exc:  # the run and its report stand; the account can be redone
+        console.print(f"inspect: failed ({type(exc).__name__}: {exc}); retry with `carc inspect {run_dir}`")
+        return
+    console.print(f"what the harnesses kept: {folder / 'inspect.md'}", highlight=False)
 
 
 @grid_app.command("cells")
@@ -268,6 +285,27 @@ def doctor(endpoint: Optional[str] = typer.Option(None, help="a model base URL t
     console.print(table)
     if not all(c.ok for c in checks):
         raise typer.Exit(1)
+
+
+@app.command("inspect")
+def inspect_stores(run: Path = typer.Argument(..., help="run directory"),
+                   cell: Optional[str] = typer.Option(None, help="only this cell"),
+                   out: Optional[Path] = typer.Option(None, help="where the tables and inspect.md go "
+                                                                 "(default: RUN/inspect)")) -> None:
+    """What each harness kept, when, by which mechanism, and whether it came back."""
+    from stores_inspector import inspect_run
+
+    try:
+        result = inspect_run(run, cell)
+    except ValueError as exc:
+        _fail(str(exc))
+    folder = result.write(out)
+    for summary in result.summaries:
+        console.print(f"{summary['cell']}: {summary['entries written']} entries written, "
+                      f"{summary['could not read']} unreadable", highlight=False)
+    for note in result.notes:
+        console.print(note, highlight=False)
+    console.print(f"written: {folder / 'inspect.md'} and {len(result.tables)} tables", highlight=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+"""One cell's records as the runner wrote them: settings, instances, journal, transcripts.
+
+Layout read (orchestrator/runner.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
+`.gz`), `journal/journal.jsonl`, `transcripts/NNNNN.json`, `snapshots/NNNNN.tar.gz`, `logs/NNNNN/`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.records import Event
+from orchestrator.schedule import WIPED_ROWS
+from proxy.journal import JournalEntry
+from stores_inspector.reading import Problems, read_json, read_jsonl
+
+GRID = re.compile(r"\[\s*\[[\d,\s\[\]]*\]\s*\]")
+MIN_GRID_CHARS = 13  # "[[1,2],[3,4]]": smaller grids are too common to name a task
+
+
+def compact_grid(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+@dataclass
+class Instance:
+    """One instance slot: its task, when it started, acted, got its verdict, and what it cost."""
+
+    slot: int
+    task: str
+    visit: int
+    exposure: int
+    phase: str
+    start_t: float | None = None
+    first_action_t: float | None = None
+    verdict_t: float | None = None  # the step that ended the protocol (last verdict)
+    end_t: float | None = None
+    status: str | None = None
+    cost: int | None = None
+    demos_used: int | None = None
+    first_submit_demos: int | None = None
+    first_answer_correct: bool | None = None
+
+    wiped_before: bool = False  # carc emptied the state volume before this instance
+
+    @property
+    def returning(self) -> bool:
+        return self.visit > 0
+
+
+@dataclass
+class CellRecords:
+    name: str
+    folder: Path
+    settings: dict[str, Any]
+    harness: str | None
+    instances: dict[int, Instance]
+    journal: list[JournalEntry]
+    transcripts: dict[int, list[Any]]
+    problems: Problems
+    _starts: list[tuple[float, int]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, folder: Path) -> "CellRecords":
+        problems = Problems(folder.name)
+        settings = read_json(_read(folder / "cell.json", problems, required=True), "cell.json", problems) or {}
+        sandbox = read_json(_read(folder / "sandbox.json", problems), "sandbox.json", problems) or {}
+        harness = sandbox.get("harness") or settings.get("learner")
+        instances = _instances(folder, problems)
+        for instance in instances.values():  # as orchestrator/schedule.py decides it
+            instance.wiped_before = settings.get("row") in WIPED_ROWS or instance.phase == "fresh"
+        records = cls(folder.name, folder, settings, harness, instances,
+                      _journal(folder, problems), _transcripts(folder, problems), problems)
+        records._starts = sorted((i.start_t, i.slot) for i in records.instances.values() if i.start_t)
+        return records
+
+    @property
+    def row(self) -> str:
+        return self.settings.get("row", "")
+
+    def slot_at(self, t: float) -> int | None:
+        """The instance slot running (or last run) at time t; None before the first."""
+        index = bisect.bisect_right(self._starts, (t, float("inf"))) - 1
+        return self._starts[index][1] if index >= 0 else None
+
+    def call_slot(self, entry: JournalEntry) -> int | None:
+        """The slot a call belongs to: its tag, or for a call between instances the one before."""
+        return entry.slot if entry.slot is not None else self.slot_at(entry.t_start)
+
+    def protocol_texts(self, slot: int) -> list[str]:
+        """The messages carc itself sent in this instance (task id, test input, demos, verdicts)."""
+        texts = []
+        for turn in self.transcripts.get(slot, []):
+            if isinstance(turn, dict):
+                text = turn.get("user") if "user" in turn else (
+                    turn.get("content") if turn.get("role") == "user" else None)
+                if isinstance(text, str) and text:
+                    texts.append(text)
+        return texts
+
+    def task_grids(self) -> dict[str, set[str]]:
+        """Grid texts (compact JSON) seen in each task's instances, from the transcripts."""
+        grids: dict[str, set[str]] = {}
+        for slot, instance in self.instances.items():
+            for text in self.protocol_texts(slot):
+                for match in GRID.findall(text):
+                    grid = compact_grid(match)
+                    if len(grid) >= MIN_GRID_CHARS:
+                        grids.setdefault(instance.task, set()).add(grid)
+        return grids
+
+
+def _read(path: Path, problems: Problems, required: bool = False) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            problems.add(path.name, "missing")
+        return None
+    except OSError as exc:
+        problems.add(path.name, f"unreadable ({exc})")
+        return None
+
+
+def _first_existing(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).exists()), None)
+
+
+def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
+    path = _first_existing(folder, ("events.jsonl", "events.jsonl.zst", "events.jsonl.gz"))
+    if path is None:
+        problems.add("events.jsonl", "missing: no instances, the timeline has no task names")
+        return {}
+    known = set(Event.model_fields)
+    instances: dict[int, Instance] = {}
+    for row in read_jsonl(_read(path, problems), path.name, problems):
+        try:
+            event = Event.model_validate({k: v for k, v in row.items() if k in known})
+        except (ValueError, AttributeError) as exc:
+            problems.add(path.name, f"an event skipped ({str(exc)[:200]})")
+            continue
+        instance = instances.setdefault(event.slot, Instance(
+            event.slot, event.task, event.visit, event.exposure, event.phase))
+        if event.type in ("instance_start", "resumed") and instance.start_t is None:
+            instance.start_t = event.t
+        elif event.type == "step":
+            if instance.first_action_t is None:
+                instance.first_action_t = event.t
+            if event.over and instance.verdict_t is None:
+                instance.verdict_t = event.t
+        elif event.type == "instance_end":
+            instance.end_t, instance.status, instance.cost = event.t, event.status, event.cost
+            instance.demos_used, instance.first_submit_demos = event.demos_used, event.first_submit_demos
+            instance.first_answer_correct = event.first_answer_correct
+    return instances
+
+
+def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:
+    path = _first_existing(folder / "journal", ("journal.jsonl", "journal.jsonl.zst", "journal.jsonl.gz"))
+    if path is None:
+        problems.add("journal/journal.jsonl", "missing: no mechanisms from model calls, no return check")
+        return []
+    entries = []
+    for row in read_jsonl(_read(path, problems), f"journal/{path.name}", problems):
+        try:
+            entries.append(JournalEntry.from_json(json.dumps(row)))
+        except (TypeError, ValueError) as exc:
+            problems.add(f"journal/{path.name}", f"an entry skipped ({str(exc)[:200]})")
+    return sorted(entries, key=lambda e: e.t_start or 0.0)
+
+
+def _transcripts(folder: Path, problems: Problems) -> dict[int, list[Any]]:
+    transcripts = {}
+    for path in sorted((folder / "transcripts").glob("*.json")):
+        if path.stem.isdigit():
+            value = read_json(_read(path, problems), f"transcripts/{path.name}", problems)
+            transcripts[int(path.stem)] = value if isinstance(value, list) else []
+    return transcripts

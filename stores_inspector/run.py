@@ -1,0 +1,102 @@
+"""`inspect_run`: every cell of a run (or one) read into tables and a markdown account."""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stores_inspector import report, returns, timeline
+from stores_inspector.cell import CellRecords
+from stores_inspector.material import TaskMaterial
+from stores_inspector.parser import StoreContext, parser_for
+
+INSTANCE_COLUMNS = ["cell", "slot", "task", "visit", "exposure", "phase", "start_t", "first_action_t",
+                    "verdict_t", "end_t", "status", "cost", "demos_used", "first_submit_demos",
+                    "first_answer_correct"]
+
+
+@dataclass
+class InspectResult:
+    """Tables across the inspected cells (each has a `cell` column), counts per cell, markdown."""
+
+    run_dir: Path
+    tables: dict[str, pd.DataFrame]
+    summaries: list[dict[str, Any]]
+    markdown: str
+    notes: list[str] = field(default_factory=list)
+
+    def cell(self, name: str, table: str) -> pd.DataFrame:
+        frame = self.tables.get(table, pd.DataFrame(columns=["cell"]))
+        return frame[frame["cell"] == name]
+
+    def write(self, out_dir: Path | None = None) -> Path:
+        """Tables as CSV (and parquet when pyarrow is installed) plus inspect.md; returns the folder."""
+        out_dir = Path(out_dir) if out_dir else self.run_dir / "inspect"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        parquet = importlib.util.find_spec("pyarrow") is not None
+        for name, frame in self.tables.items():
+            frame.to_csv(out_dir / f"{name}.csv", index=False)
+            if parquet:
+                frame.astype({c: "string" for c in frame.columns if frame[c].dtype == object}) \
+                     .to_parquet(out_dir / f"{name}.parquet", index=False)
+        (out_dir / "inspect.md").write_text(self.markdown, encoding="utf-8")
+        return out_dir
+
+
+def inspect_cell(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any], str]:
+    """(tables, summary, markdown section) of one cell folder."""
+    records = CellRecords.read(folder)
+    parser = parser_for(records.harness)
+    material = TaskMaterial.of(records)
+    problems = records.problems
+    calls = timeline.read_calls(records, parser)
+    tables: dict[str, pd.DataFrame] = {}
+    with tempfile.TemporaryDirectory(prefix="carc-inspect-") as workdir:
+        files, kept, last = timeline.build(records, parser, material, calls, problems)
+        tables.update(files=files, timeline=kept, runs=timeline.mechanism_runs(records, parser, calls),
+                      returns=returns.build(records, parser, material, calls))
+        if last is None:
+            problems.add("snapshots/", "no snapshot: nothing kept can be shown, only the journal")
+        context = StoreContext(records, material, calls, problems, Path(workdir))
+        with problems.guard(f"{parser.name} stores", "the harness stores could not be parsed"):
+            for name, frame in parser.store_tables(last, context).items():
+                frame.insert(0, "cell", records.name)
+                tables[name] = frame
+    tables["instances"] = pd.DataFrame([{"cell": records.name, **vars(i)} for i in records.instances.values()],
+                                       columns=INSTANCE_COLUMNS)
+    tables["problems"] = pd.DataFrame([vars(p) for p in problems], columns=["cell", "where", "what"])
+    summary = report.summarize(records.name, records.harness, records.row, tables, parser)
+    return tables, summary, report.cell_section(summary, tables)
+
+
+def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
+    """Inspect every cell of RUN (or only `cell`); nothing in a cell's stores can make it fail."""
+    run_dir = Path(run_dir)
+    folders = sorted(p for p in (run_dir / "cells").glob("*") if p.is_dir())
+    if not folders:
+        raise ValueError(f"{run_dir}: no cells/ folder with cells in it; is this a run directory?")
+    if cell is not None:
+        folders = [p for p in folders if p.name == cell]
+        if not folders:
+            known = ", ".join(p.name for p in sorted((run_dir / "cells").glob("*")))
+            raise ValueError(f"{run_dir}: no cell {cell!r}; cells: {known}")
+    per_table: dict[str, list[pd.DataFrame]] = {}
+    summaries, sections = [], []
+    for folder in folders:
+        tables, summary, section = inspect_cell(folder)
+        for name, frame in tables.items():
+            per_table.setdefault(name, []).append(frame)
+        summaries.append(summary)
+        sections.append(section)
+    tables = {name: pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+              for name, frames in per_table.items()}
+    tables["cells"] = pd.DataFrame(summaries).astype(str)
+    notes = [] if importlib.util.find_spec("pyarrow") else [
+        "Tables are written as CSV only: parquet needs the pyarrow package."]
+    return InspectResult(run_dir, tables, summaries, report.markdown(run_dir.name, summaries, sections, notes),
+                         notes)

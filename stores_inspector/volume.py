@@ -1,0 +1,93 @@
+"""A state-volume snapshot (`snapshots/NNNNN.tar.gz`): its files, their hashes and small texts.
+
+Snapshots are read one at a time and diffed with the one before, so a long cell never holds
+more than two in memory. Databases are not kept as text: `extract` unpacks them (with their
+-wal and -shm) for `reading.open_sqlite`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stores_inspector.reading import Problems
+
+TEXT_LIMIT = 2_000_000  # bytes; larger files are hashed, not kept
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass
+class FileInfo:
+    path: str  # relative to the volume root, without "./"
+    size: int
+    sha: str  # sha1 of the content; "link:<target>" for a symlink
+    mtime: float
+
+
+@dataclass
+class Volume:
+    """The state volume after one instance slot."""
+
+    slot: int
+    source: Path | None
+    files: dict[str, FileInfo] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, slot: int, path: Path, problems: Problems) -> "Volume":
+        """Every member of a snapshot; a truncated archive keeps the members before the damage."""
+        volume = cls(slot, path)
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./").rstrip("/")
+                    if not name or member.isdir():
+                        continue
+                    if member.issym() or member.islnk():
+                        volume.files[name] = FileInfo(name, 0, f"link:{member.linkname}", member.mtime)
+                        continue
+                    if not member.isfile():
+                        continue
+                    data = tar.extractfile(member).read()
+                    volume.files[name] = FileInfo(name, member.size, hashlib.sha1(data).hexdigest(),
+                                                  member.mtime)
+                    if member.size <= TEXT_LIMIT and not data.startswith(SQLITE_MAGIC) and b"\x00" not in data[:8192]:
+                        volume.texts[name] = data.decode("utf-8", errors="replace")
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            problems.add(path, f"snapshot unreadable after {len(volume.files)} file(s) ({type(exc).__name__}: {exc})")
+        return volume
+
+    def text(self, path: str) -> str | None:
+        return self.texts.get(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(p for p in self.files if fnmatch.fnmatchcase(p, pattern))
+
+    def extract(self, paths: list[str], dest: Path, problems: Problems) -> None:
+        """Unpack these files (and any -wal / -shm beside them) under `dest`."""
+        wanted = {p + s for p in paths for s in ("", "-wal", "-shm")}
+        if self.source is None:
+            return
+        try:
+            with tarfile.open(self.source, "r:*") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./")
+                    if name in wanted and member.isfile():
+                        target = dest / name
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.write_bytes(tar.extractfile(member).read())
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            problems.add(self.source, f"could not unpack {', '.join(paths)} ({type(exc).__name__}: {exc})")
+
+
+def snapshot_paths(cell_dir: Path) -> list[tuple[int, Path]]:
+    """(slot, path) of every snapshot, in slot order."""
+    found = []
+    for path in (cell_dir / "snapshots").glob("*.tar.gz"):
+        stem = path.name.removesuffix(".tar.gz")
+        if stem.isdigit():
+            found.append((int(stem), path))
+    return sorted(found)
