@@ -317,7 +317,13 @@ class DockerSandbox(SandboxEnvironment):
                                f"{result.stderr.decode(errors='replace')[-500:]}")
 
     def snapshot(self, dest: Path) -> None:
-        result = self.exec(["tar", "-C", self.state_path, "-czf", "-", "."], timeout=600)
+        # A harness's own processes (a gateway, a daemon) may be writing a database right now:
+        # they are frozen (SIGSTOP, every uid-1000 process but this shell) while tar reads, so the
+        # archive is one point in time, as after a crash (SQLite's WAL recovers from that).
+        # GNU tar's exit 1 ("file changed as we read it") leaves a complete archive: accepted.
+        script = (f"kill -STOP -1 2>/dev/null; tar -C {self.state_path} --warning=no-file-changed "
+                  "-czf - .; rc=$?; kill -CONT -1 2>/dev/null; [ $rc -le 1 ]")
+        result = self.exec(["sh", "-c", script], timeout=600)
         if not result.ok:
             raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed: "
                                f"{result.stderr.decode(errors='replace')[-500:]}")

@@ -157,3 +157,20 @@ def test_starting_a_cell_again_replaces_a_leftover_of_the_same_cell(base_image, 
             client.containers.get(first.container.id)
     finally:
         second.teardown()
+
+
+def test_a_snapshot_while_a_process_keeps_writing_succeeds_and_the_process_goes_on(sandbox, tmp_path):
+    """A harness's gateway may write its database at any moment, also during a snapshot."""
+    writer = ("i=0; while true; do i=$((i+1)); echo $i > /state/busy/counter; "
+              "head -c 65536 /dev/urandom >> /state/busy/log; [ $((i % 50)) = 0 ] && : > /state/busy/log; done")
+    sandbox.exec(["sh", "-c", f"mkdir -p /state/busy; setsid sh -c '{writer}' > /dev/null 2>&1 &"])
+    try:
+        for round_ in range(5):
+            sandbox.snapshot(tmp_path / f"busy-{round_}.tar.gz")
+        with tarfile.open(tmp_path / "busy-4.tar.gz") as tar:
+            assert "./busy/counter" in tar.getnames()
+        before = int(sandbox.read_file("/state/busy/counter").strip() or 0)
+        time.sleep(0.5)
+        assert int(sandbox.read_file("/state/busy/counter").strip() or 0) > before  # not left stopped
+    finally:
+        sandbox.exec(["sh", "-c", "pkill -f busy 2>/dev/null; kill -9 -1 2>/dev/null; rm -rf /state/busy"])
