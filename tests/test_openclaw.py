@@ -169,3 +169,53 @@ def test_the_verdict_arrives_in_the_same_session_and_nothing_leaves_but_model_ca
     invitation = PromptSet.load().render("store_invitation").strip()
     asked = [e for e in chat_calls(cell(run_dir, "asked-to-store")) if e.phase == "after"]
     assert any(invitation in message_text(m.get("content")) for e in asked for m in e.request["messages"])
+
+
+DREAM_GRID = """\
+name: openclaw-dreaming
+seed: 3
+track: {name: own, tasks: 8, visits: 3, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+model: {endpoint: embedded, name: carc-solver}
+efforts: [low]
+learners: [openclaw]
+harness_options:
+  openclaw: {dreaming_frequency: "* * * * *"}
+workers: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def dreaming_run(client, tmp_path_factory):
+    """24 instances on the embedded model (about 80 s) with dreaming every minute: openclaw's own
+    cron fires inside the gateway while the stream runs, and snapshots are taken meanwhile."""
+    run = tmp_path_factory.mktemp("dreaming") / "runs" / "openclaw-dreaming"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(DREAM_GRID)
+    execute(run, show_progress=False)
+    return run / "cells" / "openclaw.low.sequential.s3"
+
+
+def diary_calls(cell_dir: Path):
+    return [e for e in chat_calls(cell_dir) if not e.request.get("tools")
+            and "dream diary" in message_text(e.request["messages"][0].get("content"))]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_dreaming_fires_during_the_stream_and_the_inspector_attributes_what_it_wrote(dreaming_run):
+    from stores_inspector import inspect_run
+
+    events = read_events(dreaming_run / "events.jsonl")
+    assert sorted(e.slot for e in events if e.type == "instance_end") == list(range(24))
+    assert diary_calls(dreaming_run), "no dreaming sweep reached the model"
+    last = max(int(p.name.split(".")[0]) for p in (dreaming_run / "snapshots").glob("*.tar.gz"))
+    with tarfile.open(dreaming_run / "snapshots" / f"{last:05d}.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./openclaw/workspace/DREAMS.md" in names
+    assert any(n.startswith("./openclaw/workspace/memory/.dreams/session-corpus/") for n in names)
+    result = inspect_run(dreaming_run.parent.parent)
+    runs = result.tables["runs"]
+    assert (runs["mechanism"] == "dreaming").sum() >= 1
+    timeline = result.tables["timeline"]
+    assert {"dream diary", "dreaming corpus"} <= set(timeline[timeline["mechanism"] == "dreaming"]["kind"])
