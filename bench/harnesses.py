@@ -1,0 +1,84 @@
+"""Per-instance overhead of each harness: wall time minus the time its model calls took.
+
+    python bench/harnesses.py [--tasks 3] [--visits 2] [--harness hermes-agent --harness openclaw]
+
+Runs one grid on the embedded solver model with a memory-on and a memory-off cell per harness
+(the real packages in their sandboxes, through their proxies) and the stateless floor for scale,
+then prints, per cell: instances, wall s per instance, model s per instance (the proxy journal's
+latencies of the instance's slot), overhead s per instance, model calls and endpoint probes per
+instance; and each image's size. prime-agent is included when CARC_PRIME_AGENT_SOURCE is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from harness_adapters.harness import adapter_for  # noqa: E402
+from orchestrator.grid_run import execute  # noqa: E402
+from orchestrator.journal_summary import instance_walls, journal_frame  # noqa: E402
+from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
+
+console = Console(width=150)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--visits", type=int, default=2)
+    parser.add_argument("--harness", action="append")
+    args = parser.parse_args()
+    harnesses = args.harness or ["hermes-agent", "openclaw"] + (
+        ["prime-agent"] if os.environ.get("CARC_PRIME_AGENT_SOURCE") else [])
+
+    client = docker_client()
+    sizes = {}
+    for name in harnesses:
+        start = time.monotonic()
+        tag = ensure_image(adapter_for(name).recipe.name, "auto", client)
+        sizes[name] = (tag, image_size_mb(client, tag), time.monotonic() - start)
+    learners = ["stateless-floor"] + [e for name in harnesses
+                                      for e in (name, {"learner": name, "row": "memory-off"})]
+    grid = {"name": "bench-harnesses", "seed": 1,
+            "track": {"name": "own", "tasks": args.tasks, "visits": args.visits, "epilogue": 0,
+                      "fresh_reference": False},
+            "orders": ["sequential"], "model": {"endpoint": "embedded", "name": "carc-solver"},
+            "efforts": ["low"], "learners": learners, "workers": 2}
+    with tempfile.TemporaryDirectory(prefix="carc-bench-") as tmp:
+        run = Path(tmp) / "runs" / f"bench-harnesses-{int(time.time())}"
+        (run / "cells").mkdir(parents=True)
+        (run / "grid.yaml").write_text(yaml.safe_dump(grid, sort_keys=False))
+        started = time.monotonic()
+        with console.status(f"running {len(learners) * 1} cells x {args.tasks * args.visits} instances"):
+            execute(run, show_progress=False)
+        elapsed = time.monotonic() - started
+        frame = journal_frame(run)
+        table = Table(title=f"per instance, embedded model ({elapsed:.0f} s in all)")
+        for column in ("cell", "instances", "wall s", "model s", "overhead s", "model calls", "probes"):
+            table.add_column(column, justify="left" if column == "cell" else "right", no_wrap=True)
+        for cell_dir in sorted((run / "cells").iterdir()):
+            walls = instance_walls(run, cell_dir.name)
+            calls = frame[(frame["cell"] == cell_dir.name) & frame["slot"].isin(list(walls))]
+            n = len(walls) or 1
+            wall = sum(walls.values()) / n
+            model = calls["latency_s"].fillna(0).sum() / n
+            probes = int(calls["probe"].sum())
+            table.add_row(cell_dir.name, str(len(walls)), f"{wall:.2f}", f"{model:.2f}",
+                          f"{wall - model:.2f}", f"{(len(calls) - probes) / n:.1f}", f"{probes / n:.1f}")
+        console.print(table)
+    for name, (tag, size, seconds) in sizes.items():
+        console.print(f"image {name:<14} {tag:<40} {size:6.0f} MB  (ensure_image {seconds:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
