@@ -23,13 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import socket
 import tarfile
-import threading
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness_adapters.scripted_model import NOTE
+from harness_adapters.scripted_model import NOTE, scripted_model_server
 from orchestrator.grid_config import Cell
 from orchestrator.records import Event, read_events
 from proxy.journal import JournalEntry, read_journal
@@ -410,33 +407,6 @@ def check_teardown(run_id: str, objects: list[DockerObject]) -> Check:
 
 
 # --- the run ------------------------------------------------------------------------------------
-
-@contextmanager
-def scripted_model_server(host: str | None = None) -> Iterator[str]:
-    """The scripted model on the Docker bridge gateway (where proxy containers reach the host);
-    yields its base URL."""
-    import uvicorn
-
-    from harness_adapters.scripted_model import create_app
-    from sandboxes.images import docker_client
-    host = host or docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True, name="scripted-model")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the scripted model did not start on {host}:{port}")
-        time.sleep(0.05)
-    try:
-        yield f"http://{host}:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
 
 def conformance_cells(name: str, seed: int, effort: str) -> dict[str, Cell]:
     return {row: Cell(learner=name, row=row, model=MODEL_NAME, effort=effort, order="sequential",

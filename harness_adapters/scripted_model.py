@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
 import time
 import uuid
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -67,7 +70,7 @@ def decide(messages: list[dict[str, Any]], effort: str = "low",
            tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The next assistant message: a note-writing tool call, or text."""
     last = _trailing_user_text(messages)
-    offered = _offered(tools) if tools is not None else ["memory"]
+    offered = _offered(tools)
     if last is not None and "Review the conversation" in last:
         return {"content": "Nothing to save."}
     writer = next((name for name in NOTE_WRITERS if name in offered), None)
@@ -117,3 +120,29 @@ def create_app() -> FastAPI:
         return {"object": "list", "data": [{"id": "carc-scripted", "object": "model"}]}
 
     return app
+
+
+@contextmanager
+def scripted_model_server(host: str | None = None) -> Iterator[str]:
+    """The scripted model on the Docker bridge gateway (where proxy containers reach the host);
+    yields its base URL."""
+    import uvicorn
+
+    from sandboxes.images import docker_client
+    host = host or docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="scripted-model")
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the scripted model did not start on {host}:{port}")
+        time.sleep(0.05)
+    try:
+        yield f"http://{host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)

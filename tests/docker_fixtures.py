@@ -42,3 +42,16 @@ def _prune_at_end(run_id):
     yield
     from sandboxes.docker_sandbox import prune
     prune(run=run_id)
+
+
+def run_scripted_grid(root, name: str, grid_template: str):
+    """Run a grid on the scripted tool-using model (its `{endpoint}` filled in); the run folder."""
+    from harness_adapters.scripted_model import scripted_model_server
+    from orchestrator.grid_run import execute
+
+    run = root / "runs" / name
+    (run / "cells").mkdir(parents=True)
+    with scripted_model_server() as endpoint:
+        (run / "grid.yaml").write_text(grid_template.format(endpoint=endpoint))
+        execute(run, show_progress=False)
+    return run

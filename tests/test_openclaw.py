@@ -10,22 +10,18 @@ of every new session, so on a returning instance the note is back in the first r
 from __future__ import annotations
 
 import json
-import socket
 import tarfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from harness_adapters.openclaw import DEFAULTS, render_config
-from harness_adapters.scripted_model import NOTE, create_app
+from harness_adapters.scripted_model import NOTE
 from orchestrator.grid_run import execute
 from orchestrator.records import read_events
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
-from tests.docker_fixtures import client  # noqa: F401
+from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401
 
 GRID = """\
 name: openclaw-it
@@ -68,25 +64,7 @@ def test_options_are_checked_by_name():
 
 @pytest.fixture(scope="module")
 def run_dir(client, tmp_path_factory):
-    host = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    root = tmp_path_factory.mktemp("openclaw")
-    run = root / "runs" / "openclaw-it"
-    (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(GRID.format(endpoint=f"http://{host}:{port}/v1"))
-    try:
-        execute(run, show_progress=False)
-    finally:
-        server.should_exit = True
-        thread.join(5)
-    return run
+    return run_scripted_grid(tmp_path_factory.mktemp("openclaw"), "openclaw-it", GRID)
 
 
 def cell(run: Path, row: str) -> Path:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import tarfile
-import threading
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -558,30 +555,8 @@ def live(test):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    import uvicorn
-
-    from harness_adapters import scripted_model
-    from orchestrator.grid_run import execute
-    from sandboxes.images import docker_client
-
-    host = docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(scripted_model.create_app(), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    run = tmp_path_factory.mktemp("prime") / "runs" / "prime-it"
-    (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(GRID.format(endpoint=f"http://{host}:{port}/v1"))
-    try:
-        execute(run, show_progress=False)
-    finally:
-        server.should_exit = True
-        thread.join(5)
-    return run
+    from tests.docker_fixtures import run_scripted_grid
+    return run_scripted_grid(tmp_path_factory.mktemp("prime"), "prime-it", GRID)
 
 
 def cell_dir(run: Path, row: str) -> Path:

@@ -12,10 +12,7 @@ from __future__ import annotations
 import filecmp
 import json
 import random
-import socket
 import sqlite3
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,7 @@ from stores_inspector import inspect_run
 from stores_inspector.generic import file_diff
 from stores_inspector.reading import Problems, decompress, open_sqlite, read_json, salvage_json
 from stores_inspector.volume import Volume
-from tests.docker_fixtures import client  # noqa: F401  (the Docker engine fixture)
+from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401  (the Docker engine fixture)
 from tests.fixtures.prime_agent.generate import CELL, T0, TASK_A, TASK_B, state, tar_gz, write_run
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "prime_agent" / "run"
@@ -398,28 +395,7 @@ workers: 2
 @pytest.fixture(scope="module")
 def real_run(client, tmp_path_factory):
     """A real 2-task x 2-visit grid; the scripted model writes `carc-note: task <id> was seen`."""
-    import uvicorn
-
-    from harness_adapters.scripted_model import create_app
-    from orchestrator.grid_run import execute
-    host = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    run = tmp_path_factory.mktemp("inspector") / "runs" / "inspector-it"
-    (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(GRID.format(endpoint=f"http://{host}:{port}/v1"))
-    try:
-        execute(run, show_progress=False)
-    finally:
-        server.should_exit = True
-        thread.join(5)
-    return run
+    return run_scripted_grid(tmp_path_factory.mktemp("inspector"), "inspector-it", GRID)
 
 
 @pytest.fixture(scope="module")
