@@ -32,6 +32,7 @@ from rich.table import Table  # noqa: E402
 from proxy.host import HostProxy  # noqa: E402
 from sandboxes.docker_sandbox import DockerSandbox, ProxySpec, SandboxSpec, prune  # noqa: E402
 from sandboxes.images import docker_client, ensure_image  # noqa: E402
+from sandboxes.networks import host_address  # noqa: E402
 
 console = Console()
 RUN = "bench-sandbox"
@@ -107,7 +108,11 @@ def bench_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
     server = uvicorn.Server(uvicorn.Config(upstream_app(), host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
     while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sys.exit(f"the bench upstream did not start on {gateway} (the host's address on the "
+                     "default bridge; see `carc doctor`)")
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     upstream = f"http://127.0.0.1:{port}/v1"
@@ -153,11 +158,15 @@ def bench_container_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
     client = docker_client()
     base = ensure_image("base", "auto", client)
     proxy_image = ensure_image("proxy", "auto", client)
-    gateway = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    gateway = host_address(client)
     server = uvicorn.Server(uvicorn.Config(upstream_app(), host=gateway, port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
     while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sys.exit(f"the bench upstream did not start on {gateway} (the host's address on the "
+                     "default bridge; see `carc doctor`)")
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     results: dict[str, dict[str, list[float]]] = {"direct": {}, "proxy": {}}
@@ -170,11 +179,16 @@ def bench_container_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
                                            extra_hosts={"host.docker.internal": "host-gateway"})
             try:
                 for kind, flag in (("small", "0"), ("streamed", "1")):
-                    out = direct.exec_run(["python3", "-c", CLIENT, f"http://host.docker.internal:{port}"
-                                           "/v1/chat/completions", str(calls), flag])
-                    results["direct"][kind] = json.loads(out.output)
+                    code, (stdout, stderr) = direct.exec_run(
+                        ["python3", "-c", CLIENT, f"http://host.docker.internal:{port}/v1/chat/completions",
+                         str(calls), flag], demux=True)
+                    if code != 0:
+                        sys.exit(f"direct client failed ({code}): {(stderr or b'').decode()[-500:]}")
+                    results["direct"][kind] = json.loads(stdout)
                     inside = box.exec(["python3", "-c", CLIENT, f"{box.reverse_base_url()}"
                                        "/chat/completions", str(calls), flag], timeout=600)
+                    if not inside.ok:
+                        sys.exit(f"proxied client failed ({inside.returncode}): {inside.stderr[-500:]!r}")
                     results["proxy"][kind] = json.loads(inside.stdout)
             finally:
                 direct.remove(force=True)

@@ -129,7 +129,8 @@ def scripted_model_server(host: str | None = None) -> Iterator[str]:
     import uvicorn
 
     from sandboxes.images import docker_client
-    host = host or docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    from sandboxes.networks import host_address
+    host = host or host_address(docker_client())
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]

@@ -207,7 +207,8 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
     host = "127.0.0.1"
     if harness_learners(grid):
         from sandboxes.images import docker_client
-        host = docker_client().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+        from sandboxes.networks import host_address
+        host = host_address(docker_client())
     with model_service(grid, run_dir / "logs", servers, host) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)

@@ -11,6 +11,7 @@ import httpx
 
 from sandboxes.images import (RECIPES, REGISTRY_BASE, ImageBuildError, cache_dir, offline_base_tag,
                               render)
+from sandboxes.networks import NoGatewayError, host_address
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,15 @@ def check_engine() -> tuple[Check, docker.DockerClient | None]:
                      "run scripts/docker-up.sh (installs docker.io, starts dockerd)"), None
     return Check("docker engine", True, f"Docker {info.get('ServerVersion')}, "
                  f"{info.get('Driver')}, {info.get('NCPU')} cpus"), client
+
+
+def check_host_address(client: docker.DockerClient) -> Check:
+    """The address harness proxies reach the host's model server on (see sandboxes/networks.py)."""
+    try:
+        return Check("host address", True, f"{host_address(client)} (default bridge gateway)")
+    except (NoGatewayError, docker.errors.DockerException) as exc:
+        return Check("host address", False, str(exc)[:300],
+                     "restart dockerd (scripts/docker-up.sh) so the default bridge has an IPv4 subnet")
 
 
 def check_debootstrap() -> Check:
@@ -108,6 +118,6 @@ def run_checks(endpoint: str | None = None) -> list[Check]:
     engine, client = check_engine()
     checks = [engine, check_debootstrap()]
     if client is not None:
-        checks += check_images(client)
+        checks += [check_host_address(client), *check_images(client)]
     checks += [check_mitmproxy(), check_proxy_ca(), check_endpoint(endpoint)]
     return checks

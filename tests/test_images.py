@@ -90,6 +90,7 @@ def test_proxy_image_runs_the_pinned_mitmproxy(proxy_image, client):
 def test_doctor_finds_the_engine_and_the_built_images(base_image, proxy_image):
     checks = {c.name: c for c in run_checks()}
     assert checks["docker engine"].ok
+    assert checks["host address"].ok, checks["host address"].detail
     assert checks["image base"].ok and checks["image proxy"].ok
     assert all(c.fix for c in checks.values() if not c.ok)
 

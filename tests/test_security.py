@@ -21,16 +21,13 @@ from fastapi import FastAPI, Request
 
 from proxy.journal import read_journal, write_slot
 from sandboxes.docker_sandbox import PROXY_HOST, REGULAR_PORT, DockerSandbox, ProxySpec, SandboxSpec
+from sandboxes.networks import host_address, ipv4_subnets, network_gateway
 from tests.docker_fixtures import base_image, client, proxy_image, run_id, _prune_at_end  # noqa: F401
 
 pytestmark = pytest.mark.docker
 
 KEY_ENV = "CARC_TEST_REAL_KEY"
 REAL_KEY = f"sk-real-{uuid.uuid4().hex}"
-
-
-def bridge_gateway(client) -> str:
-    return client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
 
 
 def serve_upstream(client, **ssl):
@@ -49,7 +46,7 @@ def serve_upstream(client, **ssl):
                 "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
                 "saw_real_key": auth == f"Bearer {REAL_KEY}"}
 
-    host = bridge_gateway(client)
+    host = host_address(client)
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]
@@ -113,9 +110,8 @@ with cf.ThreadPoolExecutor(len(targets)) as pool:
 def test_direct_connections_from_the_sandbox_all_fail_but_the_proxy_answers(cell, client, upstream):
     box, _ = cell
     box.network.reload()
-    subnet = box.network.attrs["IPAM"]["Config"][0]["Subnet"]
-    internal_first = subnet.split("/")[0].rsplit(".", 1)[0] + ".1"
-    egress_gateway = client.networks.get("carc-egress").attrs["IPAM"]["Config"][0]["Gateway"]
+    internal_first = str(next(ipv4_subnets(box.network.attrs)[0].hosts()))
+    egress_gateway = network_gateway(client, "carc-egress")
     destinations = [
         ["1.1.1.1", 443], ["8.8.8.8", 53], ["93.184.216.34", 80],          # public
         ["10.0.0.1", 80], ["192.168.0.1", 80], ["172.16.0.1", 22],          # private ranges
