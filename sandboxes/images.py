@@ -175,19 +175,42 @@ def register_recipe(recipe: Recipe) -> None:
 # --- the machine's base -----------------------------------------------------------------------
 
 def apt_mirror() -> str:
-    """The Debian mirror apt uses on this machine (debootstrap fetches from it)."""
+    """The Debian mirror apt uses on this machine (debootstrap fetches from it).
+
+    Only a plain http(s) URI of a Debian suite is taken: cloud images write `mirror+file:` lists,
+    hosts carry cdrom/file lines and third-party repositories, and none of those can feed
+    debootstrap. Anything else falls back to deb.debian.org.
+    """
     for source in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
         try:
             text = source.read_text()
         except OSError:
             continue
-        for line in text.splitlines():
-            words = line.split()
-            if line.startswith("URIs:") and len(words) > 1 and "security" not in words[1]:
-                return words[1]
-            if words[:1] == ["deb"] and "security" not in line:
-                return next(w for w in words[1:] if w.startswith("http"))
+        for uri in _debian_uris(text):
+            return uri
     return "http://deb.debian.org/debian"
+
+
+def _debian_uris(text: str) -> Iterator[str]:
+    """http(s) URIs of Debian's own archive for DEBIAN_SUITE in a one-line sources.list or a
+    deb822 .sources text."""
+    stanza: dict[str, list[str]] = {}
+    for line in [*text.splitlines(), ""]:
+        words = line.split()
+        if words[:1] == ["deb"]:
+            uris = [w for w in words[1:] if "://" in w]
+            if uris and _plain_debian(uris[0]) and DEBIAN_SUITE in words:
+                yield uris[0]
+        elif words and words[0].endswith(":") and not line.startswith("#"):
+            stanza[words[0][:-1]] = words[1:]
+        elif not words:  # a deb822 stanza ends (its fields may come in any order)
+            if DEBIAN_SUITE in stanza.get("Suites", []) and "deb" in stanza.get("Types", ["deb"]):
+                yield from (u for u in stanza.get("URIs", []) if _plain_debian(u))
+            stanza = {}
+
+
+def _plain_debian(uri: str) -> bool:
+    return uri.startswith(("http://", "https://")) and "security" not in uri and "/debian" in uri
 
 
 def offline_base_tag() -> str:
