@@ -389,7 +389,7 @@ def docker_objects(client=None) -> list[DockerObject]:
     client = client or docker_client()
     filters = {"label": LABEL_RUN}
     found = [DockerObject("container", c.name, c.labels or {})
-             for c in client.containers.list(all=True, filters=filters)]
+             for c in client.containers.list(all=True, filters=filters, ignore_removed=True)]
     found += [DockerObject("network", n.name, n.attrs.get("Labels") or {})
               for n in client.networks.list(filters=filters)]
     found += [DockerObject("volume", v.name, v.attrs.get("Labels") or {})

@@ -442,13 +442,18 @@ def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str
 
 
 def _remove_network(net) -> None:
+    """Disconnect whatever is still attached, then remove; members may vanish meanwhile (other
+    teardowns run at the same time), which must not leave the /28 allocated."""
     try:
         net.reload()
-        for container in net.containers:
-            try:
-                net.disconnect(container, force=True)
-            except docker.errors.APIError:
-                pass
+    except docker.errors.NotFound:
+        return
+    for container_id in (net.attrs.get("Containers") or {}):
+        try:
+            net.disconnect(container_id, force=True)
+        except docker.errors.APIError:
+            pass  # already gone
+    try:
         net.remove()
     except docker.errors.NotFound:
         pass
@@ -470,8 +475,12 @@ def prune(client: docker.DockerClient | None = None, run: str | None = None) -> 
     client = client or docker_client()
     label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
     pruned = Pruned()
-    for container in client.containers.list(all=True, filters={"label": label}):
-        container.remove(force=True)
+    # Other teardowns run meanwhile: whatever they remove first is not an error here.
+    for container in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            continue
         pruned.containers.append(container.name)
     for net in client.networks.list(filters={"label": label}):
         _remove_network(net)
@@ -480,6 +489,8 @@ def prune(client: docker.DockerClient | None = None, run: str | None = None) -> 
         try:
             volume.remove(force=True)
             pruned.volumes.append(volume.name)
+        except docker.errors.NotFound:
+            continue
         except docker.errors.APIError as exc:
             log.warning("prune_volume", name=volume.name, error=str(exc))
     return pruned
