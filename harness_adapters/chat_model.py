@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field
 
 PLACEHOLDER_KEY = "carc-placeholder-key"
@@ -79,9 +80,15 @@ class ChatModel:
         except openai.APIError as exc:
             raise ModelUnavailable(f"{self.endpoint.base_url} ({self.endpoint.model}): {exc}") from exc
         seconds = time.perf_counter() - start
-        text = response.choices[0].message.content or "" if response.choices else ""
-        prompt = response.usage.prompt_tokens if response.usage else 0
-        completion = response.usage.completion_tokens if response.usage else 0
+        if not isinstance(response, ChatCompletion):  # a 200 with a body that is not JSON (a wrong base URL)
+            raise ModelUnavailable(f"{self.endpoint.base_url} ({self.endpoint.model}): the reply is not a "
+                                   f"chat completion: {str(response)[:200]!r}; check model.endpoint")
+        # Compatible servers omit what OpenAI always sends: no choices, no message, no usage counts.
+        choice = response.choices[0] if response.choices else None
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) or ""
+        prompt = getattr(response.usage, "prompt_tokens", None) or 0
+        completion = getattr(response.usage, "completion_tokens", None) or 0
         usd = (prompt * self.endpoint.input_usd_per_mtok
                + completion * self.endpoint.output_usd_per_mtok) / 1e6
         return ChatReply(text, Usage(1, prompt, completion, seconds, usd))
