@@ -99,7 +99,7 @@ def _openai_tool_calls(calls: Any) -> list[ToolCall]:
     out = []
     for call in calls or []:
         if isinstance(call, dict):
-            function = call.get("function") or {}
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
             out.append(ToolCall(function.get("name") or "", _args(function.get("arguments")), call.get("id")))
     return out
 
@@ -129,6 +129,8 @@ def request_messages(entry: JournalEntry) -> list[Message]:
         if body.get("system"):
             out.append(Message("system", _text(body["system"])))
         for message in body.get("messages") or []:
+            if not isinstance(message, dict):
+                continue
             text, uses, results = _anthropic_blocks(message.get("content"))
             for call_id, result in results:
                 out.append(Message("tool", result, answers=call_id))
@@ -142,6 +144,8 @@ def request_messages(entry: JournalEntry) -> list[Message]:
         for item in [items] if isinstance(items, str) else items or []:
             if isinstance(item, str):
                 out.append(Message("user", item))
+            elif not isinstance(item, dict):
+                continue
             elif item.get("type") == "function_call":
                 out.append(Message("assistant", "", [ToolCall(item.get("name") or "", _args(item.get("arguments")),
                                                               item.get("call_id"))]))
@@ -170,13 +174,16 @@ def response_output(entry: JournalEntry) -> tuple[str, list[ToolCall]]:
     if entry.api == "openai-responses":
         texts, calls = [], []
         for item in body.get("output") or []:
+            if not isinstance(item, dict):
+                continue
             if item.get("type") == "function_call":
                 calls.append(ToolCall(item.get("name") or "", _args(item.get("arguments")), item.get("call_id")))
             elif item.get("type") == "message":
                 texts.append(_text(item.get("content")))
         return "\n".join(texts), calls
-    choices = body.get("choices") or [{}]
-    message = (choices[0] or {}).get("message") or {}
+    choices = body.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = first.get("message") if isinstance(first.get("message"), dict) else {}
     return _text(message.get("content")), _openai_tool_calls(message.get("tool_calls"))
 
 

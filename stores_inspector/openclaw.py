@@ -146,9 +146,27 @@ class Parser(HarnessParser):
         if not sessions.empty:
             tools = Counter()
             for text in sessions["tools"]:
-                tools.update({k: int(v) for k, v in (t.rsplit(":", 1) for t in text.split(",") if t)})
+                tools.update(_tool_counts(text))
             out["memory_search calls (transcripts)"] = tools.get("memory_search", 0)
         return out
+
+
+def _epoch_ms(value: Any) -> float | None:
+    """openclaw's created_at (epoch milliseconds) in seconds; None for a value of another shape."""
+    try:
+        return float(value) / 1000 if value else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _tool_counts(text: Any) -> Counter:
+    """`name:count,...` of the sessions table back into counts (a name may itself hold , or :)."""
+    counts: Counter = Counter()
+    for piece in str(text or "").split(","):
+        name, _, count = piece.rpartition(":")
+        if name and count.isdigit():
+            counts[name] += int(count)
+    return counts
 
 
 def _memory_entries(path: str, text: str) -> dict[str, Artifact]:
@@ -240,7 +258,7 @@ def _sessions(path: Path, where: str, context: StoreContext) -> pd.DataFrame:
         value = read_json(data, f"{where}:transcript_events", problems) if data else None
         row = sessions.setdefault(event["session_id"], {
             "session": event["session_id"], "session_key": keys.get(event["session_id"]),
-            "started_at": event["created_at"] / 1000 if event["created_at"] else None,
+            "started_at": _epoch_ms(event["created_at"]),
             "messages": 0, "tools": Counter()})
         message = (value or {}).get("message") if isinstance(value, dict) else None
         if not isinstance(message, dict):
@@ -248,9 +266,9 @@ def _sessions(path: Path, where: str, context: StoreContext) -> pd.DataFrame:
         row["messages"] += 1
         for block in message.get("content") if isinstance(message.get("content"), list) else []:
             if isinstance(block, dict) and block.get("type") == "toolCall":
-                name = block.get("name") or ""
+                name = str(block.get("name") or "")
                 if name == "tool_call" and isinstance(block.get("arguments"), dict):
-                    name = block["arguments"].get("id") or name
+                    name = str(block["arguments"].get("id") or name)
                 row["tools"][name] += 1
     out = []
     for row in sessions.values():

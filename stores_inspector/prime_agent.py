@@ -54,11 +54,17 @@ def _store_name(path: str) -> str | None:
     return match.group(1) if match else "global"
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _entries(state: Any) -> list[dict[str, Any]]:
     entries = state.get("entries") if isinstance(state, dict) else None
+    entries = entries if isinstance(entries, dict) else {}
     out = []
     for kind in KINDS:
-        for entry_id, entry in ((entries or {}).get(kind) or {}).items():
+        by_id = entries.get(kind)
+        for entry_id, entry in (by_id.items() if isinstance(by_id, dict) else ()):
             if isinstance(entry, dict):
                 out.append({"kind": kind, **entry, "id": entry.get("id") or entry_id})
     return out
@@ -198,14 +204,14 @@ def _refinements_table(volume: Volume, context: StoreContext) -> pd.DataFrame:
         elif path.endswith("harness/refinements.jsonl"):
             for result in read_jsonl(text, path, context.problems):
                 if isinstance(result, dict):
-                    applied = [e for e in result.get("appliedEdits") or [] if e.get("applied")]
+                    applied = [e for e in _list(result.get("appliedEdits")) if isinstance(e, dict) and e.get("applied")]
                     add(result.get("id"), result.get("scope") or "global", "refinements.jsonl", json.dumps(result),
                         len(applied), None)
     for path, header, entries in _session_logs(volume, context):
         for entry in entries:
             if entry.get("type") == "custom" and entry.get("customType") == "prime-agent.refinement":
-                data = entry.get("data") or {}
-                applied = [e for e in data.get("appliedEdits") or [] if isinstance(e, dict) and e.get("applied")]
+                data = entry.get("data") if isinstance(entry.get("data"), dict) else {}
+                applied = [e for e in _list(data.get("appliedEdits")) if isinstance(e, dict) and e.get("applied")]
                 add(data.get("id"), data.get("scope") or "local", "session log", json.dumps(data), len(applied),
                     entry.get("timestamp"))
     rows = []
@@ -233,11 +239,13 @@ def _session_logs(volume: Volume, context: StoreContext):
 
 def _active_branch(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The entries from the root to the last one, following parentId (a rewind leaves branches)."""
-    by_id = {e.get("id"): e for e in entries if e.get("id")}
-    branch, current = [], entries[-1] if entries else None
-    while current is not None:
+    by_id = {e["id"]: e for e in entries if isinstance(e.get("id"), str) and e["id"]}
+    branch, current, seen = [], entries[-1] if entries else None, set()
+    while current is not None and id(current) not in seen:  # a parentId cycle must not hang the inspector
+        seen.add(id(current))
         branch.append(current)
-        current = by_id.get(current.get("parentId"))
+        parent = current.get("parentId")
+        current = by_id.get(parent) if isinstance(parent, str) else None
     return branch[::-1]
 
 
@@ -256,7 +264,7 @@ def _sessions_table(volume: Volume, context: StoreContext) -> pd.DataFrame:
         verdict_seen, bare = False, False
         first_after = None
         for entry in branch:
-            message = entry.get("message") or {}
+            message = entry.get("message") if isinstance(entry.get("message"), dict) else {}
             role = message.get("role")
             if role == "user" and VERDICT_OVER.search(_message_text(message)):
                 verdict_seen = True

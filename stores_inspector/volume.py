@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,7 @@ class Volume:
                                                   member.mtime)
                     if member.size <= TEXT_LIMIT and not data.startswith(SQLITE_MAGIC) and b"\x00" not in data[:8192]:
                         volume.texts[name] = data.decode("utf-8", errors="replace")
-        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
             problems.add(path, f"snapshot unreadable after {len(volume.files)} file(s) ({type(exc).__name__}: {exc})")
         return volume
 
@@ -79,7 +80,7 @@ class Volume:
                         target = dest / name
                         target.parent.mkdir(parents=True, exist_ok=True)
                         target.write_bytes(tar.extractfile(member).read())
-        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
             problems.add(self.source, f"could not unpack {', '.join(paths)} ({type(exc).__name__}: {exc})")
 
 

@@ -460,3 +460,50 @@ def test_carc_inspect_on_the_real_run_writes_a_section_per_cell(real_run):
     assert result.exit_code == 0, result.output
     text = (real_run / "inspect" / "inspect.md").read_text()
     assert text.count("\n## ") == 3 and (real_run / "inspect" / "timeline.csv").exists()
+
+
+# --- shapes a harness or an upstream only sometimes writes -------------------------------------------
+
+def _entry(api: str, request, response):
+    from proxy.journal import JournalEntry
+    return JournalEntry(id="x", cell="c", slot=0, phase="before", mode="reverse", method="POST", url="/",
+                        host="h", api=api, model=None, stream=False, status=200, refused=False,
+                        request=request, response=response, t_start=0.0, t_first_byte=None, t_end=0.0,
+                        latency_s=0.0)
+
+
+@pytest.mark.parametrize("api,request_body,response_body", [
+    ("openai-chat", {"messages": ["text", 3, {"role": "user", "content": "hi",
+                                              "tool_calls": [{"function": "not-a-dict"}]}]},
+     {"choices": {"0": "not a list"}}),
+    ("openai-chat", {"messages": [{"content": "hi"}]}, {"choices": ["not a dict"]}),
+    ("openai-responses", {"input": [7, None, {"type": "message", "content": "hi"}]}, {"output": ["x", 1]}),
+    ("anthropic-messages", {"messages": ["x", {"role": "user", "content": "hi"}]}, {"content": "plain"}),
+])
+def test_journaled_bodies_of_odd_shapes_are_read_without_a_crash(api, request_body, response_body):
+    from stores_inspector.calls import request_messages, response_output
+    messages = request_messages(_entry(api, request_body, response_body))
+    assert any(m.text == "hi" for m in messages)
+    text, calls = response_output(_entry(api, request_body, response_body))
+    assert isinstance(text, str) and isinstance(calls, list)
+
+
+def test_a_prime_agent_session_log_whose_parents_form_a_cycle_does_not_hang():
+    from stores_inspector.prime_agent import _active_branch
+    entries = [{"id": "a", "parentId": "b"}, {"id": "b", "parentId": "a"}, {"id": {"odd": 1}, "parentId": []}]
+    assert _active_branch(entries) == [entries[2]]
+    assert [e["id"] for e in _active_branch(entries[:2])] == ["a", "b"]
+
+
+def test_prime_agent_state_with_entries_of_the_wrong_shape_gives_no_entries():
+    from stores_inspector.prime_agent import _entries
+    assert _entries({"entries": ["a list"]}) == []
+    assert _entries({"entries": {"memory": ["x"]}}) == []
+
+
+def test_openclaw_tool_names_holding_separators_and_odd_timestamps_are_counted():
+    from stores_inspector.openclaw import _epoch_ms, _tool_counts
+    assert _tool_counts("memory_search:2,a,b:1,weird:name:3,:4,x:y") == {"memory_search": 2, "b": 1, "weird:name": 3}
+    assert _tool_counts(None) == {}
+    assert _epoch_ms(1_700_000_000_000) == 1_700_000_000.0
+    assert _epoch_ms("2026-01-01T00:00:00Z") is None and _epoch_ms(None) is None
