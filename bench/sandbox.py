@@ -104,17 +104,22 @@ def upstream_app() -> FastAPI:
     return app
 
 
-def bench_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
-    server = uvicorn.Server(uvicorn.Config(upstream_app(), host="127.0.0.1", port=0, log_level="error"))
+def start_upstream(host: str) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """The scripted upstream on `host` (a free port); stops the bench with a message if it cannot bind."""
+    server = uvicorn.Server(uvicorn.Config(upstream_app(), host=host, port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            sys.exit(f"the bench upstream did not start on {gateway} (the host's address on the "
-                     "default bridge; see `carc doctor`)")
+            sys.exit(f"the bench upstream did not start on {host} (for containers: the host's address "
+                     "on the default bridge; see `carc doctor`)")
         time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+
+
+def bench_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
+    server, thread, port = start_upstream("127.0.0.1")
     upstream = f"http://127.0.0.1:{port}/v1"
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, HostProxy(Path(tmp), "bench", upstream) as proxy:
@@ -159,16 +164,7 @@ def bench_container_proxy(calls: int) -> dict[str, dict[str, list[float]]]:
     base = ensure_image("base", "auto", client)
     proxy_image = ensure_image("proxy", "auto", client)
     gateway = host_address(client)
-    server = uvicorn.Server(uvicorn.Config(upstream_app(), host=gateway, port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sys.exit(f"the bench upstream did not start on {gateway} (the host's address on the "
-                     "default bridge; see `carc doctor`)")
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server, thread, port = start_upstream(gateway)
     results: dict[str, dict[str, list[float]]] = {"direct": {}, "proxy": {}}
     with tempfile.TemporaryDirectory() as tmp:
         spec = SandboxSpec(base, RUN, "bench-latency", proxy=ProxySpec(
