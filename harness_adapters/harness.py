@@ -22,6 +22,7 @@ from harness_adapters.base import InstanceView, Learner, Turn
 from harness_adapters.registry import REGISTRY, harnesses
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Outcome
+from orchestrator.rows import row
 from sandboxes.docker_sandbox import DockerSandbox
 from sandboxes.environment import StateVolume
 from sandboxes.images import Recipe
@@ -196,7 +197,7 @@ class ConversationHarness(Learner):
         self.prompts = cell.prompts
         self.model = cell.model
         self.effort = cell.effort
-        self.row = cell.row
+        self.row = row(cell.row)
         self.task_id = ""
         self.session = ""
         self.pending = ""
@@ -220,7 +221,7 @@ class ConversationHarness(Learner):
     def opening_rules(self) -> list[str]:
         """Texts that open the first user message (harnesses keep their own system prompts)."""
         rules = [self.prompts.render("system")]
-        if self.row.startswith("program-procedure"):
+        if self.row.program_procedure:
             rules.append(self.prompts.render("program_procedure", programs_dir=PROGRAMS_DIR))
         return rules
 
@@ -250,9 +251,9 @@ class ConversationHarness(Learner):
     def end(self, solved: bool) -> None:
         """The verdict reaches the harness in the same conversation (it may store something)."""
         if self.pending and self.open:
-            if self.row == "asked-to-store":
+            if self.row.asks_to_store:
                 self.pending += "\n" + self.prompts.render("store_invitation")
-            elif self.row.startswith("program-procedure"):
+            elif self.row.program_procedure:
                 self.pending += "\n" + self.prompts.render(
                     "program_save_request", task_id=self.task_id, programs_dir=PROGRAMS_DIR)
             self._send(self.pending)

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.records import Event
+from orchestrator.rows import label, row_name, twins_of
 
 BUDGET = 16
 FLOOR = "stateless-floor"
@@ -42,17 +43,6 @@ INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "cost", "fir
             "model_s", "cost_usd")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.
 SCHEDULE_KEYS = ("track", "model", "effort", "order", "seed")
-# A row's memory-off twin: the first of these rows of the same learner on the same schedule. The
-# program library has no memory-off row; its wiped row is the twin. The procedure's wiped row is
-# itself paired with memory-off (what following the procedure with nothing kept is worth).
-TWIN_ROWS: dict[str, tuple[str, ...]] = {
-    "memory-on": ("memory-off", "wiped"),
-    "asked-to-store": ("memory-off",),
-    "program-procedure": ("program-procedure-wiped",),
-    "program-procedure-wiped": ("memory-off",),
-}
-# Rows whose state is wiped before every instance: nothing carries over between instances.
-STATELESS_ROWS = frozenset({"memory-off", "wiped", "program-procedure-wiped"})
 # Lower edges of the gap bins (instances since the task was last served); the last bin is open.
 GAP_EDGES = (1, 2, 4, 8, 16, 32, 64)
 _COUNTS = ("cost", "model_calls", "prompt_tokens", "completion_tokens")
@@ -83,8 +73,7 @@ def cell_label(settings: Mapping[str, Any]) -> str:
     """The learner as the report names it: the learner, with its row unless that is memory-on."""
     if settings.get("label"):
         return str(settings["label"])
-    learner, row = settings.get("learner"), settings.get("row", "memory-on")
-    return str(learner) if row in (None, "memory-on") else f"{learner}-{row}"
+    return label(str(settings.get("learner")), settings.get("row"))
 
 
 # --- the instance frame -------------------------------------------------------------------------
@@ -276,11 +265,6 @@ def _cells_in_order(df: pd.DataFrame) -> list[str]:
     return list(pd.unique(df["cell"]))
 
 
-def row_name(value: Any) -> str:
-    """A cell's row, memory-on when the settings leave it unset (as `cell_label` reads them)."""
-    return "memory-on" if value is None or value is pd.NA or value != value else str(value)
-
-
 def group_label(settings: Mapping[str, Any]) -> str:
     """The name of a cell group pooled over stream orders: the cell id without its order
     (`label.effort.sSEED`). A run has one track and one model, as its cell ids assume."""
@@ -309,13 +293,13 @@ def _schedule(settings: Mapping[str, Any]) -> tuple:
 
 def twin_cells(df: pd.DataFrame) -> dict[str, str]:
     """Each cell's memory-off twin: the cell of the same learner on the same schedule (track,
-    model, effort, order, seed) in the first row of `TWIN_ROWS[row]` that the frame has. Cells
+    model, effort, order, seed) in the first of its row's twins (orchestrator/rows.py) that the frame has. Cells
     without one (floors, memory-off rows, the wiped program library) are left out."""
     settings = _cell_settings(df)
     index = {(_schedule(s), s["learner"], row_name(s["row"])): c for c, s in settings.items()}
     twins = {}
     for cell_id, s in settings.items():
-        for row in TWIN_ROWS.get(row_name(s["row"]), ()):
+        for row in twins_of(s["row"]):
             twin = index.get((_schedule(s), s["learner"], row))
             if twin is not None:
                 twins[cell_id] = twin

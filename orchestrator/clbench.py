@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import analysis
+from orchestrator.rows import STATELESS_ROWS, row_name
 from orchestrator.analysis import LEVEL, RESAMPLES, Resampling
 
 REWARD_MAX = 1.0
@@ -61,9 +62,9 @@ def matched_pairs(df: pd.DataFrame, pool_orders: bool = False) -> pd.DataFrame:
     False for a returning instance)."""
     data = analysis.with_groups(df) if pool_orders else df
     name = analysis.key_of_cells(data, "group" if pool_orders else "cell")
-    rows = {c: analysis.row_name(r) for c, r in analysis.key_of_cells(df, "row").items()}
+    rows = {c: row_name(r) for c, r in analysis.key_of_cells(df, "row").items()}
     twins = {c: t for c, t in analysis.twin_cells(df).items()
-             if rows[c] not in analysis.STATELESS_ROWS}
+             if rows[c] not in STATELESS_ROWS}
     pairs = analysis.paired_instances(df, [(name[c], c, t) for c, t in twins.items()], PHASES)
     stateful = REWARD_MAX - pairs["share_a"].astype(float)
     stateless = REWARD_MAX - pairs["share_b"].astype(float)
@@ -115,7 +116,7 @@ def clbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: 
     table = pd.DataFrame({
         key: keys, "label": settings["label"].reindex(keys).to_numpy(),
         "learner": settings["learner"].reindex(keys).to_numpy(),
-        "row": [analysis.row_name(r) for r in settings["row"].reindex(keys)],
+        "row": [row_name(r) for r in settings["row"].reindex(keys)],
         "stateless": [stateless.get(k) for k in keys]})
     if pool_orders:
         table["orders"] = analysis.group_settings(df)["orders"].reindex(keys).to_numpy()

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness_adapters.chat_model import ModelEndpoint
 from harness_adapters.registry import harnesses
 from orchestrator.protocol import Limits
+from orchestrator.rows import label
 
 LADDER_ROWS: dict[str, tuple[str, ...]] = {
     "stateless-floor": ("memory-on",),
@@ -185,7 +186,7 @@ class Cell(_Strict):
 
     @property
     def label(self) -> str:
-        return self.learner if self.row == "memory-on" else f"{self.learner}-{self.row}"
+        return label(self.learner, self.row)
 
     @property
     def cell(self) -> str:

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import analysis
+from orchestrator.rows import row_name
 from orchestrator.analysis import LEVEL, RESAMPLES, Resampling
 
 SCORES = ("reward", "solved")
@@ -100,7 +101,7 @@ def pathbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level
     table = pd.DataFrame({
         key: keys, "label": settings["label"].reindex(keys).to_numpy(),
         "learner": settings["learner"].reindex(keys).to_numpy(),
-        "row": [analysis.row_name(r) for r in settings["row"].reindex(keys)]})
+        "row": [row_name(r) for r in settings["row"].reindex(keys)]})
     if pool_orders:
         table["orders"] = analysis.group_settings(df)["orders"].reindex(keys).to_numpy()
     table["score"] = score

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from orchestrator.grid_config import Cell, GridConfig
+from orchestrator.rows import row
 from orchestrator.streams import PRESETS, build_stream, epilogue
 from orchestrator.tasks.base import ArcInstance, TaskSource
 from orchestrator.tasks.catalog import TrackSources, track_sources
-
-WIPED_ROWS = {"wiped", "memory-off", "program-procedure-wiped"}
-
 
 @dataclass(frozen=True)
 class ScheduledSlot:
@@ -41,7 +39,7 @@ def _sources(track_json: str, seed: int) -> TrackSources:
 
 def build_schedule(grid: GridConfig, cell: Cell) -> list[ScheduledSlot]:
     sources = _sources(grid.track.model_dump_json(), cell.seed)
-    wiped = cell.row in WIPED_ROWS
+    wiped = row(cell.row).wiped_before_each
     settings = dataclasses.replace(PRESETS[cell.order], visits=grid.track.visits)
     stream = build_stream(sources.stream_tasks, settings, cell.seed)
     slots = [ScheduledSlot(s.index, "stream", s.task_id, s.visit, s.exposure, wiped,

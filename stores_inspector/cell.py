@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.records import Event
-from orchestrator.schedule import WIPED_ROWS
+from orchestrator.rows import STATELESS_ROWS
 from proxy.journal import JournalEntry
 from stores_inspector.reading import Problems, read_json, read_jsonl
 
@@ -72,7 +72,7 @@ class CellRecords:
         harness = sandbox.get("harness") or settings.get("learner")
         instances = _instances(folder, problems)
         for instance in instances.values():  # as orchestrator/schedule.py decides it
-            instance.wiped_before = settings.get("row") in WIPED_ROWS or instance.phase == "fresh"
+            instance.wiped_before = settings.get("row") in STATELESS_ROWS or instance.phase == "fresh"
         records = cls(folder.name, folder, settings, harness, instances,
                       _journal(folder, problems), _transcripts(folder, problems), problems)
         records._starts = sorted((i.start_t, i.slot) for i in records.instances.values() if i.start_t)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.schedule import WIPED_ROWS
+from orchestrator.rows import STATELESS_ROWS
 from stores_inspector.parser import HarnessParser
 
 TABLE_ROWS = 40  # rows shown per table in the markdown; the CSV/parquet tables have them all
@@ -23,7 +23,7 @@ def summarize(cell: str, harness: str | None, row: str, tables: dict[str, pd.Dat
     timeline, runs, returns, problems = (tables[k] for k in ("timeline", "runs", "returns", "problems"))
     out: dict[str, Any] = {"cell": cell, "harness": harness or "unknown", "row": row,
                            "instances": len(returns), "returning instances": int(returns["returning"].sum())}
-    if row in WIPED_ROWS:
+    if row in STATELESS_ROWS:
         out["state"] = "emptied by carc before every instance"
     written = timeline[(timeline["change"] != "deleted") & (timeline["mechanism"] != "setup")]
     created = written[written["change"] == "created"]

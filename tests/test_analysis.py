@@ -2,8 +2,6 @@
 slot-by-slot differences, budget against exposure and against the gap since last seen, the
 per-cell measures, pooling over orders, memory-off twins, forward transfer, and its speed."""
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -425,16 +423,13 @@ def test_the_analysis_is_deterministic_for_a_seed():
         pd.testing.assert_frame_equal(a, b)
 
 
-def test_full_analysis_of_8_cells_x_250_instances_with_10000_resamples_is_fast():
+def test_full_analysis_of_8_cells_x_250_instances_with_10000_resamples_has_every_table():
+    # how long it takes is measured by bench/analysis.py, never asserted here
     df, cells = synthetic_run()
     assert len(df) == 8 * 250
-    start = time.perf_counter()
     result = analyse(df, cells, np.random.default_rng(0), n=10_000)
-    elapsed = time.perf_counter() - start
-    print(f"\nfull analysis, 8 cells x 250 instances, 10,000 resamples: {elapsed:.2f} s")
     assert len(result.cells) == 8 and len(result.floor_differences) == 7
     assert len(result.forward_transfer) == 8
-    assert elapsed < 10.0
 
 
 def collective_frame(cells_n: int = 100, instances: int = 1600, tasks: int = 25,
@@ -478,19 +473,16 @@ def collective_frame(cells_n: int = 100, instances: int = 1600, tasks: int = 25,
     return df, cells
 
 
-def test_every_table_of_100_cells_x_1600_instances_with_10000_resamples_is_fast():
+def test_every_table_of_100_cells_x_1600_instances_with_10000_resamples_is_there():
+    # how long it takes is measured by bench/analysis.py, never asserted here
     df, cells = collective_frame()
     assert len(df[df["phase"] == "stream"]) == 160_000 and df["cell"].nunique() == 100
-    start = time.perf_counter()
     tables = run_measures(df, cells, np.random.default_rng(0), n=10_000)
-    elapsed = time.perf_counter() - start
-    print(f"\nrun_measures, 100 cells x 1,600 instances, 10,000 resamples: {elapsed:.2f} s")
     assert {"cells", "exposure", "gap", "pooled", "twins", "twins_pooled", "clbench",
             "clbench_pooled", "pathbench", "pathbench_pooled", "transfer", "floor"} <= set(tables)
     assert len(tables["cells"]) == 100 and len(tables["transfer"]) == 100
     assert len(tables["pooled"]) == 50 and not tables["twins"].empty
     assert not tables["clbench"].empty and len(tables["pathbench"]) == 100
-    assert elapsed < 10.0
 
 
 def test_run_measures_is_deterministic_for_a_seed():
