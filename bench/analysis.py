@@ -3,7 +3,7 @@
 The seed's collective configuration is 100 users x 1,600 instances. Modelled here as 100 cells on
 one workstreams schedule of 200 tasks x 8 visits: one stateless floor and 99 users that learn at
 their own rate, each verdict an `instance_end` Event. Times, separately: the instance frame, every
-table (`analysis.run_measures` when it exists, else `analysis.analyse`) with 10,000 bootstrap
+table (`measures.run_measures` when it exists, else `measures.analyse`) with 10,000 bootstrap
 resamples, the figures' curves and drawings, and the HTML page; the target for frame + tables is
 under 10 s.
 
@@ -22,7 +22,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import analysis, plots, report, report_html
+from orchestrator.analysis import measures, plots, report, report_html, tables
 from orchestrator.records import Event
 from orchestrator.streams import PRESETS, build_stream
 
@@ -42,7 +42,7 @@ def records(users: int, tasks: int, visits: int, seed: int = 0) -> tuple[dict, d
     for user in range(users):
         floor = user == 0
         cell = "stateless-floor.collective" if floor else f"user-{user:03d}.collective"
-        learner = analysis.FLOOR if floor else "program-library"
+        learner = measures.FLOOR if floor else "program-library"
         cells[cell] = {"cell": cell, "label": cell.split(".")[0], "learner": learner,
                        "row": "memory-on", "model": "carc-solver", "effort": "medium",
                        "order": "workstreams", "seed": seed, "track": "collective"}
@@ -68,9 +68,9 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--visits", type=int, default=8)
-    parser.add_argument("--resamples", type=int, default=analysis.RESAMPLES)
+    parser.add_argument("--resamples", type=int, default=measures.RESAMPLES)
     parser.add_argument("--tables", choices=("auto", "measures", "analyse"), default="auto",
-                        help="auto: analysis.run_measures when it exists, else analysis.analyse")
+                        help="auto and measures: tables.run_measures (every table); analyse: the first four")
     parser.add_argument("--html", type=Path, help="also write the page here")
     args = parser.parse_args()
     console = Console(width=120)
@@ -83,26 +83,23 @@ def main() -> None:
                   f"{verdicts:,} verdicts, {len(cells)} cells"))
 
     start = time.perf_counter()
-    frame = analysis.instances_frame(events, cells)
+    frame = measures.instances_frame(events, cells)
     times.append(("instances frame", time.perf_counter() - start, f"{len(frame):,} rows"))
 
     rng = np.random.default_rng(0)
     start = time.perf_counter()
-    run_measures = getattr(analysis, "run_measures", None) if args.tables != "analyse" else None
-    if args.tables == "measures" and run_measures is None:
-        parser.error("--tables measures: orchestrator.analysis has no run_measures yet")
-    if run_measures is not None:
-        tables = run_measures(frame, cells, rng, args.resamples)
-        what = f"run_measures: {', '.join(tables)}"
+    if args.tables != "analyse":
+        every = tables.run_measures(frame, cells, rng, args.resamples)
+        what = f"run_measures: {', '.join(every)}"
     else:
-        result = analysis.analyse(frame, cells, rng, args.resamples)
+        result = measures.analyse(frame, cells, rng, args.resamples)
         what = "analyse: cells, exposure, floor differences, forward transfer"
     times.append(("tables", time.perf_counter() - start, what))
     analysis_s = times[1][1] + times[2][1]
 
     # the figures take the first report's tables; outside the target
-    result = analysis.analyse(frame, cells, np.random.default_rng(0), args.resamples) \
-        if run_measures is not None else result
+    result = measures.analyse(frame, cells, np.random.default_rng(0), args.resamples) \
+        if args.tables != "analyse" else result
     start = time.perf_counter()
     figure_rng = np.random.default_rng(1)
     exposure = plots.exposure_curves(frame, figure_rng, args.resamples)
@@ -116,7 +113,7 @@ def main() -> None:
     times.append(("figure drawing", time.perf_counter() - start,
                   f"{len(pngs)} PNGs, {sum(map(len, pngs)) / 1e6:.1f} MB"))
     start = time.perf_counter()
-    unfinished = analysis.unfinished_instances(events)
+    unfinished = measures.unfinished_instances(events)
     page = report_html.render_html(
         "bench", "Synthetic collective configuration.",
         report.report_sections(result, unfinished),

@@ -18,10 +18,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.grid_config import load_grid
-from orchestrator.grid_run import model_service
 from orchestrator.records import read_events
-from orchestrator.runner import CellRunner
+from orchestrator.run.grid_config import load_grid
+from orchestrator.run.grid_run import model_service
+from orchestrator.run.runner import CellRunner
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from harness_adapters.harness import adapter_for  # noqa: E402
-from orchestrator.grid_run import execute  # noqa: E402
-from orchestrator.journal_summary import instance_walls, journal_frame  # noqa: E402
+from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # noqa: E402
+from orchestrator.run.grid_run import execute  # noqa: E402
 from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
 
 console = Console(width=150)

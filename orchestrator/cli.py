@@ -40,9 +40,9 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              workers: Optional[int] = typer.Option(None, help="cells run in parallel"),
              report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
-    from orchestrator.grid_config import GridFileError
-    from orchestrator.grid_run import execute, start_run
-    from orchestrator.report import write_report
+    from orchestrator.analysis.report import write_report
+    from orchestrator.run.grid_config import GridFileError
+    from orchestrator.run.grid_run import execute, start_run
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
@@ -64,8 +64,8 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
 
 def _inspect_harness_cells(run_dir: Path) -> None:
     """A run with harness cells also gets the stores inspector's account (RUN/inspect/)."""
-    from orchestrator.grid_config import HARNESSES, load_grid
-    from orchestrator.grid_run import run_grid_path
+    from orchestrator.run.grid_config import HARNESSES, load_grid
+    from orchestrator.run.grid_run import run_grid_path
     from stores_inspector import inspect_run
 
     if not {c.learner for c in load_grid(run_grid_path(run_dir)).cells()} & HARNESSES:
@@ -81,7 +81,7 @@ def _inspect_harness_cells(run_dir: Path) -> None:
 @grid_app.command("cells")
 def grid_cells(grid: Path) -> None:
     """List the cells a grid file expands to."""
-    from orchestrator.grid_config import GridFileError, load_grid
+    from orchestrator.run.grid_config import GridFileError, load_grid
     try:
         cells = load_grid(grid).cells()
     except GridFileError as exc:
@@ -93,8 +93,8 @@ def grid_cells(grid: Path) -> None:
 @grid_app.command("check")
 def grid_check(grid: Path) -> None:
     """Validate a grid file and print its cells and schedule length."""
-    from orchestrator.grid_config import GridFileError, load_grid
-    from orchestrator.schedule import build_schedule
+    from orchestrator.run.grid_config import GridFileError, load_grid
+    from orchestrator.run.schedule import build_schedule
     try:
         config = load_grid(grid)
         cells = config.cells()
@@ -107,7 +107,7 @@ def grid_check(grid: Path) -> None:
 @app.command("report")
 def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
     """Write RUN/report.md and RUN/report.html (tables and figures) from the run's records."""
-    from orchestrator.report import write_report
+    from orchestrator.analysis.report import write_report
     if not (run / "cells").is_dir():
         _fail(f"{run}: not a run directory (no cells/)")
     console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
@@ -168,7 +168,13 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
     import time
 
     from harness_adapters.harness import load_adapters
-    from sandboxes.images import RECIPES, ImageBuildError, docker_client, ensure_image, image_size_mb
+    from sandboxes.images import (
+        RECIPES,
+        ImageBuildError,
+        docker_client,
+        ensure_image,
+        image_size_mb,
+    )
     for harness, why in load_adapters().items():
         if harness in (names or ()):
             _fail(f"harness {harness}: {why}")
@@ -254,8 +260,8 @@ def adapters_check(name: str,
     """Run NAME through a short stream on the scripted model and check it (exit 1 on a failure)."""
     import tempfile
 
-    from harness_adapters.conformance import print_report, run_conformance
     from harness_adapters.registry import harnesses
+    from orchestrator.run.conformance import print_report, run_conformance
     if name not in harnesses():
         _fail(f"no harness {name!r} registered; known: {', '.join(harnesses())} "
               f"(scaffold one with `carc adapters new {name}`)")
@@ -276,7 +282,7 @@ def doctor(endpoint: Optional[str] = typer.Option(None, help="a model base URL t
     """Check the Docker engine, images, proxy and model endpoint; say how to fix what is missing."""
     from rich.table import Table
 
-    from sandboxes.doctor import run_checks
+    from orchestrator.doctor import run_checks
     table = Table("check", "", "detail", "fix")
     checks = run_checks(endpoint)
     for check in checks:

@@ -1,6 +1,6 @@
 """One cell's records as the runner wrote them: settings, instances, journal, transcripts.
 
-Layout read (orchestrator/runner.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
+Layout read (orchestrator/run/runner.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
 `.gz`), `journal/journal.jsonl`, `transcripts/NNNNN.json`, `snapshots/NNNNN.tar.gz`, `logs/NNNNN/`.
 """
 
@@ -71,7 +71,7 @@ class CellRecords:
         sandbox = read_json(_read(folder / "sandbox.json", problems), "sandbox.json", problems) or {}
         harness = sandbox.get("harness") or settings.get("learner")
         instances = _instances(folder, problems)
-        for instance in instances.values():  # as orchestrator/schedule.py decides it
+        for instance in instances.values():  # as orchestrator/run/schedule.py decides it
             instance.wiped_before = settings.get("row") in STATELESS_ROWS or instance.phase == "fresh"
         records = cls(folder.name, folder, settings, harness, instances,
                       _journal(folder, problems), _transcripts(folder, problems), problems)

@@ -47,7 +47,7 @@ def _prune_at_end(run_id):
 def run_scripted_grid(root, name: str, grid_template: str):
     """Run a grid on the scripted tool-using model (its `{endpoint}` filled in); the run folder."""
     from harness_adapters.scripted_model import scripted_model_server
-    from orchestrator.grid_run import execute
+    from orchestrator.run.grid_run import execute
 
     run = root / "runs" / name
     (run / "cells").mkdir(parents=True)

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from orchestrator.grid_config import Cell
+from orchestrator.run.grid_config import Cell
 
 
 def new_cell_folder(run: Path, learner: str) -> tuple[str, Path]:

@@ -8,11 +8,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import analysis
-from orchestrator.analysis import (analyse, bootstrap_mean_ci, cell_table, differences_from_floor,
-                                   exposure_table, forward_transfer, gap_table, instances_frame,
-                                   paired_difference, pooled_table, run_measures, task_bootstrap,
-                                   twin_cells, twin_table, unfinished_instances)
+from orchestrator.analysis import measures
+from orchestrator.analysis.measures import (
+    analyse,
+    bootstrap_mean_ci,
+    cell_table,
+    differences_from_floor,
+    exposure_table,
+    forward_transfer,
+    gap_table,
+    instances_frame,
+    paired_difference,
+    pooled_table,
+    task_bootstrap,
+    twin_cells,
+    twin_table,
+    unfinished_instances,
+)
+from orchestrator.analysis.tables import run_measures
 from orchestrator.records import Event
 
 
@@ -69,7 +82,7 @@ def test_instances_frame_has_one_row_per_finished_instance_with_share_and_solved
     assert list(df["share"]) == [0.25, 1.0]
     assert list(df["solved"]) == [True, False]
     assert set(df["learner"]) == {"stateless-floor"} and set(df["effort"]) == {"medium"}
-    assert set(analysis.SETTINGS) <= set(df.columns)
+    assert set(measures.SETTINGS) <= set(df.columns)
 
 
 def test_unfinished_instances_are_counted_per_cell_and_left_out_of_every_number():
@@ -85,7 +98,7 @@ def test_unfinished_instances_are_counted_per_cell_and_left_out_of_every_number(
 def test_label_names_the_row_when_it_is_not_memory_on():
     s = settings_of("program-library", row="wiped")
     del s["label"]
-    assert analysis.cell_label(s) == "program-library-wiped"
+    assert measures.cell_label(s) == "program-library-wiped"
 
 
 # --- the cluster bootstrap over tasks -----------------------------------------------------------
@@ -105,7 +118,7 @@ def test_cluster_bootstrap_mean_is_the_plain_mean_over_instances_not_over_tasks(
 
 
 def test_bootstrap_resamples_tasks_so_each_resample_weights_a_task_by_its_instance_count():
-    weights = analysis.task_resample_counts(5, rng(), n=1000)
+    weights = measures.task_resample_counts(5, rng(), n=1000)
     assert weights.shape == (1000, 5)
     assert (weights.sum(axis=1) == 5).all()
     assert abs(weights.mean() - 1.0) < 0.05
@@ -246,15 +259,15 @@ def test_cell_table_measures_failures_first_answers_pairs_and_cost0_returning_by
 def test_task_bootstrap_of_a_mean_is_the_bootstrap_mean_ci_on_the_same_draws():
     df, _ = frame_of({"demo-cache-floor": [("t1", 2), ("t2", 16), ("t1", 0), ("t3", 5),
                                            ("t3", 1), ("t2", 9)]})
-    sums = analysis.mean_sums(df[["cell", "task"]], {"share": df["share"]})
-    table = task_bootstrap(sums, "cell", analysis.means(["share"]), np.random.default_rng(5), n=999)
+    sums = measures.mean_sums(df[["cell", "task"]], {"share": df["share"]})
+    table = task_bootstrap(sums, "cell", measures.means(["share"]), np.random.default_rng(5), n=999)
     expected = bootstrap_mean_ci(df, "share", np.random.default_rng(5), n=999)
     row = table.iloc[0]
     assert (row["share"], row["share_lo"], row["share_hi"]) == pytest.approx(tuple(expected))
 
 
 def test_cells_on_one_schedule_share_their_resamples_of_the_tasks():
-    draws = analysis.TaskResamples(rng(), n=100)
+    draws = measures.TaskResamples(rng(), n=100)
     first = draws.counts(["t1", "t2", "t3"])
     assert draws.counts(("t1", "t2", "t3")) is first
     assert draws.counts(["t1", "t2"]).shape == (100, 2)

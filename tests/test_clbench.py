@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.analysis import instances_frame
-from orchestrator.clbench import clbench_table, matched_pairs
+from orchestrator.analysis.clbench import clbench_table, matched_pairs
+from orchestrator.analysis.measures import instances_frame
 from orchestrator.records import Event
 
 

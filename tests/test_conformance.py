@@ -14,14 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from harness_adapters.conformance import (CellRecords, DockerObject, check_instances,
-                                          check_journaling, check_no_leak_in_requests,
-                                          check_no_leak_in_snapshots, check_note_kept,
-                                          check_note_returns, check_teardown,
-                                          check_verdict_in_conversation, docker_objects,
-                                          report_table, run_conformance)
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import Event
+from orchestrator.run.conformance import (
+    CellRecords,
+    DockerObject,
+    check_instances,
+    check_journaling,
+    check_no_leak_in_requests,
+    check_no_leak_in_snapshots,
+    check_note_kept,
+    check_note_returns,
+    check_teardown,
+    check_verdict_in_conversation,
+    docker_objects,
+    report_table,
+    run_conformance,
+)
 from proxy.journal import JournalEntry
 
 A, B = "own-task-a", "own-task-b"
@@ -232,7 +241,7 @@ def test_a_leftover_container_of_the_run_fails_teardown_and_other_runs_do_not_co
 def test_the_report_table_prints_a_harness_error_literally():
     from rich.console import Console
 
-    from harness_adapters.conformance import Check, ConformanceReport
+    from orchestrator.run.conformance import Check, ConformanceReport
 
     report = ConformanceReport("x", "run-1", Path("."), [
         Check("instances end once, replies parsed", False, "HarnessError: [timeout] [bold] no answer")])

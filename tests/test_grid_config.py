@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.grid_config import GridFileError, load_grid
+from orchestrator.run.grid_config import GridFileError, load_grid
 
 GOOD = """\
 name: t

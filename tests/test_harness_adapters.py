@@ -4,8 +4,8 @@ import pytest
 
 from harness_adapters.harness import FailureKind, adapter_for
 from harness_adapters.registry import harnesses
-from orchestrator.grid_config import HARNESSES, LEARNER_ROWS
 from orchestrator.prompts import PromptSet
+from orchestrator.run.grid_config import HARNESSES, LEARNER_ROWS
 
 
 def test_every_harness_a_grid_may_name_has_an_adapter_with_the_same_rows():

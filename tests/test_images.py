@@ -6,9 +6,23 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from sandboxes.doctor import run_checks
-from sandboxes.images import RECIPES, ImageBuildError, Recipe, ensure_image, register_recipe, render
-from tests.docker_fixtures import BASE, base_image, client, proxy_image, run_id, _prune_at_end  # noqa: F401
+from orchestrator.doctor import run_checks
+from sandboxes.images import (
+    RECIPES,
+    ImageBuildError,
+    Recipe,
+    ensure_image,
+    register_recipe,
+    render,
+)
+from tests.docker_fixtures import (  # noqa: F401
+    BASE,
+    _prune_at_end,
+    base_image,
+    client,
+    proxy_image,
+    run_id,
+)
 
 pytestmark = pytest.mark.docker
 

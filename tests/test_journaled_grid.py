@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.grid_run import execute
 from orchestrator.records import read_events
+from orchestrator.run.grid_run import execute
 from proxy.journal import read_journal
 from tests.test_runner import make_run
 
@@ -80,7 +80,7 @@ def test_no_container_of_the_run_is_left_behind(run_dir):
 
 
 def test_the_report_has_the_journal_section_with_every_call(run_dir):
-    from orchestrator.report import write_report
+    from orchestrator.analysis.report import write_report
     text = write_report(run_dir, resamples=200).read_text()
     assert "## Model calls (proxy journal)" in text
     calls = len(server_ledger(run_dir))

@@ -17,8 +17,8 @@ import pytest
 
 from harness_adapters.openclaw import DEFAULTS, render_config
 from harness_adapters.scripted_model import NOTE
-from orchestrator.grid_run import execute
 from orchestrator.records import read_events
+from orchestrator.run.grid_run import execute
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
 from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401

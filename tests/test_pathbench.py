@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.analysis import instances_frame
-from orchestrator.pathbench import pathbench_table, probe_trajectories
+from orchestrator.analysis.measures import instances_frame
+from orchestrator.analysis.pathbench import pathbench_table, probe_trajectories
 from orchestrator.records import Event
 
 

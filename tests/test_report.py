@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analysis.report import load_run, pct_ci, write_report
 from orchestrator.records import Event, EventLog
-from orchestrator.report import load_run, pct_ci, write_report
 from tests.run_dirs import new_cell_folder
 
 FLOOR = "stateless-floor.medium.workstreams.s0"

@@ -22,11 +22,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator import analysis, plots
+from orchestrator.analysis import measures, plots
+from orchestrator.analysis.report import (
+    display_frame,
+    load_run,
+    measure_tables_sections,
+    write_report,
+)
+from orchestrator.analysis.report_html import Figure, render_html, sort_key
 from orchestrator.records import Event, EventLog
-from orchestrator.report import (display_frame, load_run, measure_tables_sections,
-                                 write_report)
-from orchestrator.report_html import Figure, render_html, sort_key
 from orchestrator.streams import build_stream, epilogue
 from tests.run_dirs import new_cell_folder
 
@@ -236,14 +240,14 @@ def test_the_tables_of_run_measures_become_sections_after_the_first_reports_four
 
 def test_a_curve_point_has_the_interval_bootstrap_mean_ci_gives_on_its_rows(run: Path):
     cells, events = load_run(run)
-    frame = analysis.instances_frame(events, cells)
+    frame = measures.instances_frame(events, cells)
     curves = plots.exposure_curves(frame, np.random.default_rng(5), n=3_000)
     floor = curves[curves["cell"] == "stateless-floor.medium.workstreams.s0"]
     assert list(floor["x"]) == list(range(8)) and set(floor["tasks"]) == {6}
     stream = frame[(frame["phase"] == "stream") & (frame["cell"] == floor["cell"].iloc[0])]
     # on a full schedule every task has every exposure, so the first point draws what
     # bootstrap_mean_ci draws on its rows alone
-    alone = analysis.bootstrap_mean_ci(stream[stream["exposure"] == 0], "share",
+    alone = measures.bootstrap_mean_ci(stream[stream["exposure"] == 0], "share",
                                        np.random.default_rng(5), n=3_000)
     assert tuple(floor.iloc[0][["budget", "lo", "hi"]]) == pytest.approx(tuple(alone))
 
@@ -260,7 +264,7 @@ def test_the_gap_of_a_returning_instance_counts_slots_since_its_previous_visit()
 
 def test_a_figure_is_a_png_and_the_same_data_draws_the_same_bytes(run: Path):
     cells, events = load_run(run)
-    frame = analysis.instances_frame(events, cells)
+    frame = measures.instances_frame(events, cells)
     curves = plots.gap_curves(frame, np.random.default_rng(1), n=500)
     first = plots.budget_by_gap(curves)
     assert first.startswith(PNG) and plots.budget_by_gap(curves) == first

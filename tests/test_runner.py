@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.grid_run import execute
 from orchestrator.records import read_events
+from orchestrator.run.grid_run import execute
 
 GRID = """\
 name: tiny

@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.grid_config import load_grid
 from orchestrator.prompts import PromptError, PromptSet
-from orchestrator.schedule import build_schedule
+from orchestrator.run.grid_config import load_grid
+from orchestrator.run.schedule import build_schedule
 
 FAKE_GENERATORS = """\
 import random

@@ -2,7 +2,7 @@
 against exposure index, budget on returning instances against the gap since last seen, slot-paired
 savings against the stateless floor, and compute against budget share.
 
-Two halves. The curve adapters turn the instance frame of `orchestrator.analysis` into the points
+Two halves. The curve adapters turn the instance frame of `orchestrator.analysis.measures` into the points
 a figure shows, with the same cluster bootstrap over tasks as every table (one tasks x resamples
 count matrix per task list, shared by every point of every cell on that schedule). The drawing
 functions take those frames, or the analysis tables, and return PNG bytes; the same frames give
@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from orchestrator import analysis
+from orchestrator.analysis import measures
 
 WIDTH = 8.0  # inches; at DPI 110 a figure fits the report column without scaling
 DPI = 110
@@ -44,7 +44,7 @@ def cell_names(cells: pd.Series, labels: pd.Series) -> dict[str, str]:
 
 
 def budget_curves(df: pd.DataFrame, by: str, rng: np.random.Generator,
-                  n: int = analysis.RESAMPLES, level: float = analysis.LEVEL) -> pd.DataFrame:
+                  n: int = measures.RESAMPLES, level: float = measures.LEVEL) -> pd.DataFrame:
     """Per cell and integer value `x` of column `by`: mean budget share of the rows, with a
     percentile interval from a bootstrap over the cell's tasks. One resample of a cell's tasks
     serves every point of its curve (and every cell with the same tasks), so on a full schedule
@@ -69,7 +69,7 @@ def budget_curves(df: pd.DataFrame, by: str, rng: np.random.Generator,
     for tasks, group in schedules.items():
         # cells on one schedule share a task list and so one resample of it: each cell's
         # interval is still its own task bootstrap, and all its points are one matrix product
-        weights = analysis.task_resample_counts(len(tasks), rng, n).astype(float)
+        weights = measures.task_resample_counts(len(tasks), rng, n).astype(float)
         sums = np.hstack([g[3] for g in group])
         counts = np.hstack([g[4] for g in group])
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -92,27 +92,27 @@ def budget_curves(df: pd.DataFrame, by: str, rng: np.random.Generator,
     return pd.concat([parts[c] for c in names], ignore_index=True)
 
 
-def exposure_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = analysis.RESAMPLES,
-                    level: float = analysis.LEVEL) -> pd.DataFrame:
+def exposure_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = measures.RESAMPLES,
+                    level: float = measures.LEVEL) -> pd.DataFrame:
     """Budget share of stream instances by exposure index (`x`), per cell, with intervals."""
     return budget_curves(df[df["phase"] == "stream"], "exposure", rng, n, level)
 
 
 def returning_gaps(df: pd.DataFrame) -> pd.DataFrame:
-    """`analysis.returning_gaps` with `gap_bin`, the index of its bin in `analysis.GAP_EDGES`
+    """`measures.returning_gaps` with `gap_bin`, the index of its bin in `measures.GAP_EDGES`
     (1, 2-3, 4-7, ..., 64+), so the figure and the gap table bin alike."""
-    gaps = analysis.returning_gaps(df)
-    edges = np.asarray(analysis.GAP_EDGES)
+    gaps = measures.returning_gaps(df)
+    edges = np.asarray(measures.GAP_EDGES)
     return gaps.assign(gap_bin=np.searchsorted(edges, gaps["gap"].to_numpy(), side="right") - 1)
 
 
 def gap_label(gap_bin: int) -> str:
     """The slots a gap bin covers: `1`, `2–3`, `4–7`, ..., `64+`."""
-    return analysis.gap_bin_labels()[gap_bin]
+    return measures.gap_bin_labels()[gap_bin]
 
 
-def gap_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = analysis.RESAMPLES,
-               level: float = analysis.LEVEL) -> pd.DataFrame:
+def gap_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = measures.RESAMPLES,
+               level: float = measures.LEVEL) -> pd.DataFrame:
     """Budget share of returning stream instances by gap bin (`x`, see `returning_gaps`), per cell,
     with intervals."""
     return budget_curves(returning_gaps(df), "gap_bin", rng, n, level)
@@ -208,7 +208,7 @@ def budget_by_gap(curves: pd.DataFrame) -> bytes:
 
 
 def savings_against_floor(differences: pd.DataFrame) -> bytes:
-    """Dot plot of `analysis.differences_from_floor`: per cell, the slot-paired difference from
+    """Dot plot of `measures.differences_from_floor`: per cell, the slot-paired difference from
     its stateless floor in points of budget with its interval; left of zero is a saving."""
     if differences.empty:
         return _message("No cell has a stateless-floor cell on its schedule.")
@@ -232,7 +232,7 @@ def savings_against_floor(differences: pd.DataFrame) -> bytes:
 
 
 def compute_against_budget(cells: pd.DataFrame) -> bytes:
-    """Scatter of `analysis.cell_table`: per cell, tokens per stream instance (model seconds when
+    """Scatter of `measures.cell_table`: per cell, tokens per stream instance (model seconds when
     no tokens were logged) against budget share (%) with its interval; log scale when the compute
     spans more than 30x."""
     data = cells[cells["n"] > 0]

@@ -21,14 +21,30 @@ import structlog
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc import as_grid
-from orchestrator.cell_services import CellServices, cell_services, journal_dir
-from orchestrator.grid_config import Cell, GridConfig
-from orchestrator.learners import build_learner
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol, Malformed,
-                                   MalformedReply, Outcome, Refused, Verdict, extract_action)
-from orchestrator.records import Event, EventLog, read_events, truncate_torn_tail, write_json
-from orchestrator.schedule import ScheduledSlot, build_schedule
+from orchestrator.protocol import (
+    Action,
+    DemoGiven,
+    Finished,
+    InstanceProtocol,
+    Malformed,
+    MalformedReply,
+    Outcome,
+    Refused,
+    Verdict,
+    extract_action,
+)
+from orchestrator.records import (
+    Event,
+    EventLog,
+    read_events,
+    truncate_torn_tail,
+    write_json,
+)
+from orchestrator.run.cell_services import cell_services, journal_dir
+from orchestrator.run.grid_config import Cell, GridConfig
+from orchestrator.run.learners import build_learner
+from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
 from proxy.journal import JOURNAL_FILE, JournalTail
 

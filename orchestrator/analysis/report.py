@@ -1,6 +1,6 @@
 """The report of a run: `carc report RUN` reads the run directory, hands the finished instances
-to `orchestrator.analysis`, and writes `RUN/report.md` (markdown tables, percent) and
-`RUN/report.html` (the same tables, sortable, plus the figures of `orchestrator.plots`).
+to `orchestrator.analysis.measures`, and writes `RUN/report.md` (markdown tables, percent) and
+`RUN/report.html` (the same tables, sortable, plus the figures of `orchestrator.analysis.plots`).
 
 The file edge of the analysis: reading cells and event logs happens here, every number is
 computed there.
@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from orchestrator import analysis, plots, report_html
-from orchestrator.journal_summary import TITLE as JOURNAL_TITLE
-from orchestrator.journal_summary import journal_section
+from orchestrator.analysis import measures, plots, report_html, tables
+from orchestrator.analysis.journal_summary import TITLE as JOURNAL_TITLE
+from orchestrator.analysis.journal_summary import journal_section
 from orchestrator.records import Event, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
@@ -59,7 +59,7 @@ def _rank(value: Any, known: Sequence[str]) -> tuple[int, str]:
 def _cell_sort_key(settings: Mapping[str, Any]) -> tuple:
     return (str(settings.get("track")), str(settings.get("model")), str(settings.get("seed")),
             str(settings.get("order")), _rank(settings.get("effort"), EFFORT_ORDER),
-            _rank(analysis.cell_label(settings), LADDER_ORDER))
+            _rank(measures.cell_label(settings), LADDER_ORDER))
 
 
 def _grid_name(run_dir: Path) -> str | None:
@@ -233,7 +233,7 @@ def display_frame(table: pd.DataFrame, shares: Collection[str] = (),
     return pd.DataFrame(out, columns=list(out), dtype=object)
 
 
-# The tables of `analysis.run_measures` beyond the first report's four: key -> (title, intro).
+# The tables of `measures.run_measures` beyond the first report's four: key -> (title, intro).
 # A key not listed here is still shown, titled by its key, so a new table is never dropped.
 MEASURES = {
     "gap": ("Budget against the gap since last seen",
@@ -249,11 +249,11 @@ MEASURES = {
     "twins_pooled": ("Paired differences, pooled over stream orders",
                      "The twin and demo-cache differences with the slot pairs of every order "
                      "pooled, per cell group, in points."),
-    "clbench": ("CL-Bench", "CL-Bench's measures on these records (`orchestrator.clbench`): "
+    "clbench": ("CL-Bench", "CL-Bench's measures on these records (`orchestrator.analysis.clbench`): "
                 "memory-on as the stateful system, its memory-off twin as the stateless one."),
     "clbench_pooled": ("CL-Bench, pooled over stream orders", "As above, per cell group."),
     "pathbench": ("PATH-Bench", "PATH-Bench's AP, FWT, BWT and FGT on these records "
-                  "(`orchestrator.pathbench`), each task's visits as a probe trajectory."),
+                  "(`orchestrator.analysis.pathbench`), each task's visits as a probe trajectory."),
     "pathbench_pooled": ("PATH-Bench, pooled over stream orders", "As above, per cell group."),
 }
 SHOWN_FIRST = ("cells", "exposure", "floor", "transfer")  # the first report's own sections
@@ -273,7 +273,7 @@ HEADERS = {"n": "instances", "budget": "budget share %", "solved": "solved share
 
 
 def _gap_wide(table: pd.DataFrame) -> pd.DataFrame:
-    """`analysis.gap_table` (a row per cell and bin) as the exposure table is: a row per cell,
+    """`measures.gap_table` (a row per cell and bin) as the exposure table is: a row per cell,
     a column per gap bin, budget share in percent."""
     wide = table.pivot(index="cell", columns="gap", values="budget")
     wide = wide.reindex(index=list(dict.fromkeys(table["cell"])),
@@ -283,7 +283,7 @@ def _gap_wide(table: pd.DataFrame) -> pd.DataFrame:
 
 def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
                             ) -> dict[str, tuple[str, pd.DataFrame]]:
-    """The sections of `analysis.run_measures` tables that the first report does not show
+    """The sections of `measures.run_measures` tables that the first report does not show
     (`MEASURES`, then any other key), as title -> (intro, display frame): shares in percent,
     differences in signed points with their intervals, like the sections above."""
     sections = {}
@@ -308,14 +308,14 @@ def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
 
 
 def measure_sections(frame: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
-                     rng: np.random.Generator, resamples: int
+                     rng: measures.Resampling, resamples: int
                      ) -> dict[str, tuple[str, pd.DataFrame]]:
     """The sections of the measures beyond the first report (gap, pooled, twins, CL-Bench,
     PATH-Bench), title -> (intro, display frame), shown after forward transfer."""
-    return measure_tables_sections(analysis.run_measures(frame, cells, rng, resamples))
+    return measure_tables_sections(tables.run_measures(frame, cells, rng, resamples))
 
 
-def report_sections(result: analysis.RunAnalysis, unfinished: pd.Series,
+def report_sections(result: measures.RunAnalysis, unfinished: pd.Series,
                     measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None
                     ) -> dict[str, tuple[str, pd.DataFrame]]:
     """The sections of a report in order, title -> (intro, display frame); a run with no
@@ -336,12 +336,12 @@ def _title(run_id: str, grid_name: str | None) -> str:
     return f"carc report: run {run_id}" + (f", grid {grid_name}" if grid_name else "")
 
 
-def _intro(result: analysis.RunAnalysis, resamples: int, seed: int) -> str:
+def _intro(result: measures.RunAnalysis, resamples: int, seed: int) -> str:
     text = _how_to_read(resamples, seed)
     return text + ("\n\nNo finished instance yet." if result.cells.empty else "")
 
 
-def render_report(run_id: str, grid_name: str | None, result: analysis.RunAnalysis,
+def render_report(run_id: str, grid_name: str | None, result: measures.RunAnalysis,
                   unfinished: pd.Series, resamples: int, seed: int,
                   measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
     """The markdown text of a report."""
@@ -372,7 +372,7 @@ def _curve_alt(kind: str, curves: pd.DataFrame, axis: str, ticks: Mapping[int, s
     return alt
 
 
-def report_figures(frame: pd.DataFrame, result: analysis.RunAnalysis, rng: np.random.Generator,
+def report_figures(frame: pd.DataFrame, result: measures.RunAnalysis, rng: np.random.Generator,
                    resamples: int) -> list[report_html.Figure]:
     """The report's figures: budget against exposure and against the gap since last seen (after
     the exposure table), savings against the stateless floor (after its table), and compute
@@ -427,26 +427,27 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_report(run_dir: Path, seed: int = 0, resamples: int = analysis.RESAMPLES) -> Path:
+def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES) -> Path:
     """Read the run in `run_dir`, analyse it and write `run_dir/report.md` and
     `run_dir/report.html` (the same tables plus the figures, one self-contained file); returns
     the markdown path."""
     run_dir = Path(run_dir)
     cells, events = load_run(run_dir)
-    frame = analysis.instances_frame(events, cells)
-    rng = np.random.default_rng(seed)
-    result = analysis.analyse(frame, cells, rng, resamples)
-    measures = measure_sections(frame, cells, rng, resamples)
+    frame = measures.instances_frame(events, cells)
+    # One set of task resamples for every table, so a quantity shown twice has one interval.
+    draws = measures.TaskResamples(np.random.default_rng(seed), resamples)
+    result = measures.analyse(frame, cells, draws, resamples)
+    sections = measure_sections(frame, cells, draws, resamples)
     calls = journal_section(run_dir)
     if calls is not None:
-        measures[JOURNAL_TITLE] = calls
-    unfinished = analysis.unfinished_instances(events)
+        sections[JOURNAL_TITLE] = calls
+    unfinished = measures.unfinished_instances(events)
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = run_dir / "report.md"
-    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, measures))
+    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections))
     figures = report_figures(frame, result, np.random.default_rng([seed, _FIGURE_STREAM]),
                              resamples)
     _write(run_dir / "report.html", report_html.render_html(
         _title(run_id, grid_name), _intro(result, resamples, seed),
-        report_sections(result, unfinished, measures), figures))
+        report_sections(result, unfinished, sections), figures))
     return path

@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
-from orchestrator.grid_config import HARNESSES, Cell, GridConfig
+from harness_adapters.program_check import (
+    ProgramExecutor,
+    SandboxExecutor,
+    local_executor,
+)
 from orchestrator.records import write_json
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
 from sandboxes.environment import StateVolume
 
 

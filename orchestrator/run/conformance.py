@@ -37,8 +37,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harness_adapters.scripted_model import NOTE, scripted_model_server
-from orchestrator.grid_config import Cell
 from orchestrator.records import Event, read_events
+from orchestrator.run.grid_config import Cell
 from proxy.journal import JournalEntry, read_journal
 from sandboxes.docker_sandbox import LABEL_RUN, prune
 
@@ -427,9 +427,9 @@ def run_stream(name: str, run_dir: Path, cells: dict[str, Cell], tasks: int, vis
                seed: int, effort: str, show_progress: bool) -> tuple[Check, int | None]:
     """Run the two cells on the scripted model; the check says whether the stream ran, and how
     many instances each cell has (None when the grid did not load)."""
-    from orchestrator.grid_config import load_grid
-    from orchestrator.grid_run import execute
-    from orchestrator.schedule import build_schedule
+    from orchestrator.run.grid_config import load_grid
+    from orchestrator.run.grid_run import execute
+    from orchestrator.run.schedule import build_schedule
 
     started, expected = time.monotonic(), None
     try:

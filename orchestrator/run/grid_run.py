@@ -22,9 +22,21 @@ from typing import Iterator
 
 import httpx
 import structlog
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from orchestrator.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, load_grid
+from orchestrator.run.grid_config import (
+    EMBEDDED,
+    HARNESSES,
+    Cell,
+    GridConfig,
+    load_grid,
+)
 
 log = structlog.get_logger("carc.grid")
 
@@ -110,7 +122,7 @@ def _init_worker(progress_queue) -> None:
 
 def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> str:
     """Worker entry point: run one cell, reporting progress through the worker's queue."""
-    from orchestrator.runner import CellRunner
+    from orchestrator.run.runner import CellRunner
 
     grid = load_grid(grid_path)
     cell = Cell.model_validate_json(cell_json)

@@ -10,11 +10,12 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from orchestrator.grid_config import Cell, GridConfig
 from orchestrator.rows import row
+from orchestrator.run.grid_config import Cell, GridConfig
 from orchestrator.streams import PRESETS, build_stream, epilogue
 from orchestrator.tasks.base import ArcInstance, TaskSource
 from orchestrator.tasks.catalog import TrackSources, track_sources
+
 
 @dataclass(frozen=True)
 class ScheduledSlot:
@@ -33,7 +34,7 @@ class ScheduledSlot:
 
 @lru_cache(maxsize=8)
 def _sources(track_json: str, seed: int) -> TrackSources:
-    from orchestrator.grid_config import TrackConfig
+    from orchestrator.run.grid_config import TrackConfig
     return track_sources(TrackConfig.model_validate_json(track_json), seed)
 
 

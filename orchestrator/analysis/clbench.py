@@ -10,7 +10,7 @@ The seed's definitions, and how each is read here:
   instance ... independent of history"; the stateful (sf) run is "the same end-to-end system"
   with its state kept. Here the stateful run is a cell whose row keeps state (memory-on,
   asked-to-store, program-procedure) and the stateless run is its memory-off twin on the same
-  schedule (`analysis.twin_cells`: memory-off; the wiped row for the program library;
+  schedule (`measures.twin_cells`: memory-off; the wiped row for the program library;
   program-procedure-wiped for program-procedure).
 - Gain. Seed [14]: "g_t = r^sf_t - r^sl_t" for each instance t. Here t is a slot both cells
   finished, matched slot by slot on their identical schedule (the same instance in both runs).
@@ -32,7 +32,7 @@ The seed's definitions, and how each is read here:
   sum over its instances of g / (N * headroom), and `normalized_gain` is computed as
   stability + plasticity, so the two parts add up to it exactly, bit for bit.
 
-Intervals are the cluster bootstrap over tasks of `analysis.task_bootstrap`: a resample draws
+Intervals are the cluster bootstrap over tasks of `measures.task_bootstrap`: a resample draws
 the tasks (stream and epilogue tasks alike) with replacement and recomputes every statistic,
 headroom included, from the drawn tasks' instances.
 """
@@ -44,9 +44,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from orchestrator import analysis
+from orchestrator.analysis import measures
+from orchestrator.analysis.measures import LEVEL, RESAMPLES, Resampling
 from orchestrator.rows import STATELESS_ROWS, row_name
-from orchestrator.analysis import LEVEL, RESAMPLES, Resampling
 
 REWARD_MAX = 1.0
 PHASES = ("stream", "epilogue")  # the fresh reference is wiped in both runs: no state to match
@@ -60,12 +60,12 @@ def matched_pairs(df: pd.DataFrame, pool_orders: bool = False) -> pd.DataFrame:
     `task`, `phase`, `slot`, `exposure`, `stateful` and `stateless` reward (1 - budget share),
     `gain` = stateful - stateless, and `stability` (True for a first meeting or the epilogue,
     False for a returning instance)."""
-    data = analysis.with_groups(df) if pool_orders else df
-    name = analysis.key_of_cells(data, "group" if pool_orders else "cell")
-    rows = {c: row_name(r) for c, r in analysis.key_of_cells(df, "row").items()}
-    twins = {c: t for c, t in analysis.twin_cells(df).items()
+    data = measures.with_groups(df) if pool_orders else df
+    name = measures.key_of_cells(data, "group" if pool_orders else "cell")
+    rows = {c: row_name(r) for c, r in measures.key_of_cells(df, "row").items()}
+    twins = {c: t for c, t in measures.twin_cells(df).items()
              if rows[c] not in STATELESS_ROWS}
-    pairs = analysis.paired_instances(df, [(name[c], c, t) for c, t in twins.items()], PHASES)
+    pairs = measures.paired_instances(df, [(name[c], c, t) for c, t in twins.items()], PHASES)
     stateful = REWARD_MAX - pairs["share_a"].astype(float)
     stateless = REWARD_MAX - pairs["share_b"].astype(float)
     return pd.DataFrame({
@@ -106,12 +106,12 @@ def clbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: 
         "key": pairs["key"], "task": pairs["task"], "n": 1.0, "stateful": pairs["stateful"],
         "stateless": pairs["stateless"], "gain_stability": np.where(boundary, gain, 0.0),
         "gain_plasticity": np.where(boundary, 0.0, gain), "n_stability": boundary.astype(float)})
-    estimate = analysis.task_bootstrap(sums, "key", _statistic, rng, n, level)
-    data = analysis.with_groups(df) if pool_orders else df
+    estimate = measures.task_bootstrap(sums, "key", _statistic, rng, n, level)
+    data = measures.with_groups(df) if pool_orders else df
     keys = list(estimate.index)
     settings = data.drop_duplicates(key).set_index(key)
-    twin_of = analysis.key_of_cells(data, key)
-    stateless = {twin_of[c]: twin_of[t] for c, t in analysis.twin_cells(df).items()}
+    twin_of = measures.key_of_cells(data, key)
+    stateless = {twin_of[c]: twin_of[t] for c, t in measures.twin_cells(df).items()}
     counts = pairs.groupby("key", sort=False)["stability"].agg(["size", "sum"]).reindex(keys)
     table = pd.DataFrame({
         key: keys, "label": settings["label"].reindex(keys).to_numpy(),
@@ -119,7 +119,7 @@ def clbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: 
         "row": [row_name(r) for r in settings["row"].reindex(keys)],
         "stateless": [stateless.get(k) for k in keys]})
     if pool_orders:
-        table["orders"] = analysis.group_settings(df)["orders"].reindex(keys).to_numpy()
+        table["orders"] = measures.group_settings(df)["orders"].reindex(keys).to_numpy()
     table["n"] = counts["size"].to_numpy(dtype="int64")
     table["n_stability"] = counts["sum"].to_numpy(dtype="int64")
     table["n_plasticity"] = table["n"] - table["n_stability"]

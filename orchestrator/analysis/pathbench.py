@@ -23,7 +23,7 @@ The seed's definitions, and how each is read here:
   warm-up there is), and visits 2 and up are the measurement probes.
 - AP = (1/L) sum_l p_l over all L task executions, probes and intervening tasks alike. Here:
   the mean score over all stream instances of the cell (the epilogue is not a trajectory and is
-  under forward transfer in `orchestrator.analysis`).
+  under forward transfer in `orchestrator.analysis.measures`).
 - FWT = 1/(n-2) sum_{i=3..n} (p_i - p_cold); BWT = 1/(n-2) sum_{i=3..n} max(0, p_i - p_warm);
   FGT = 1/(n-2) sum_{i=3..n} max(0, p_warm - p_i) (lower is better). The seed averages these
   per sequence and then over its sampled sequences; here each task is one sequence and the
@@ -33,7 +33,7 @@ The seed's definitions, and how each is read here:
   value. A visit whose task has no finished visit 0 is left out of FWT, one without a finished
   visit 1 out of BWT and FGT.
 
-Intervals are the cluster bootstrap over tasks of `analysis.task_bootstrap` (a task's whole
+Intervals are the cluster bootstrap over tasks of `measures.task_bootstrap` (a task's whole
 trajectory is resampled together).
 """
 
@@ -42,9 +42,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from orchestrator import analysis
+from orchestrator.analysis import measures
+from orchestrator.analysis.measures import LEVEL, RESAMPLES, Resampling
 from orchestrator.rows import row_name
-from orchestrator.analysis import LEVEL, RESAMPLES, Resampling
 
 SCORES = ("reward", "solved")
 _METRICS = ("ap", "fwt", "bwt", "fgt", "cold", "warm")
@@ -80,9 +80,9 @@ def pathbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level
     (mean p_cold, first meetings) and `warm` (mean p_warm, second meetings). Scores are in
     [0, 1], higher is better, except FGT where lower is better."""
     key = "group" if pool_orders else "cell"
-    data = analysis.with_groups(df) if pool_orders else df
+    data = measures.with_groups(df) if pool_orders else df
     probes = probe_trajectories(data, score)
-    probes[key] = probes["cell"].map(analysis.key_of_cells(data, key))
+    probes[key] = probes["cell"].map(measures.key_of_cells(data, key))
     p, measured = probes["p"].to_numpy(float), probes["measured"].to_numpy(bool)
     cold, warm = probes["p_cold"].to_numpy(float), probes["p_warm"].to_numpy(float)
     values = {
@@ -93,8 +93,8 @@ def pathbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level
         "cold": np.where(probes["visit"] == 0, p, np.nan),
         "warm": np.where(probes["visit"] == 1, p, np.nan),
     }
-    sums = analysis.mean_sums(probes[[key, "task"]], values)
-    estimate = analysis.task_bootstrap(sums, key, analysis.means(_METRICS), rng, n, level)
+    sums = measures.mean_sums(probes[[key, "task"]], values)
+    estimate = measures.task_bootstrap(sums, key, measures.means(_METRICS), rng, n, level)
     keys = [k for k in pd.unique(data[key]) if k in estimate.index]
     g = probes.groupby(key, sort=False)
     settings = data.drop_duplicates(key).set_index(key)
@@ -103,7 +103,7 @@ def pathbench_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level
         "learner": settings["learner"].reindex(keys).to_numpy(),
         "row": [row_name(r) for r in settings["row"].reindex(keys)]})
     if pool_orders:
-        table["orders"] = analysis.group_settings(df)["orders"].reindex(keys).to_numpy()
+        table["orders"] = measures.group_settings(df)["orders"].reindex(keys).to_numpy()
     table["score"] = score
     table["n"] = g.size().reindex(keys).to_numpy(dtype="int64")
     table["tasks"] = g["task"].nunique().reindex(keys).to_numpy(dtype="int64")

@@ -10,8 +10,8 @@ from harness_adapters.demo_cache_floor import DemoCacheFloor
 from harness_adapters.program_check import ProgramExecutor, local_executor
 from harness_adapters.program_library import ProgramLibrary
 from harness_adapters.stateless_floor import StatelessFloor
-from orchestrator.grid_config import Cell
 from orchestrator.prompts import PromptSet
+from orchestrator.run.grid_config import Cell
 
 LADDER = {
     "stateless-floor": StatelessFloor,

@@ -9,8 +9,14 @@ import docker
 import docker.errors
 import httpx
 
-from sandboxes.images import (RECIPES, REGISTRY_BASE, ImageBuildError, cache_dir, offline_base_tag,
-                              render)
+from sandboxes.images import (
+    RECIPES,
+    REGISTRY_BASE,
+    ImageBuildError,
+    cache_dir,
+    offline_base_tag,
+    render,
+)
 from sandboxes.networks import NoGatewayError, host_address
 
 

@@ -4,7 +4,7 @@ budget against exposure index and against the gap since a task was last seen; th
 pooled over stream orders; paired slot-by-slot differences from the stateless floor, from each
 row's memory-off twin and from the demo-cache floor; and forward transfer (epilogue minus fresh
 reference). `run_measures` returns every table, CL-Bench's and PATH-Bench's included
-(`orchestrator.clbench`, `orchestrator.pathbench`).
+(`orchestrator.analysis.tables`).
 
 Every interval is a bootstrap over tasks, not instances: the instances of one task rise and fall
 together, and resampling instances would understate the noise (seed, "What we measure"). A
@@ -659,32 +659,3 @@ def analyse(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]], rng: np.ra
     return RunAnalysis(cells=cell_table(df, draws, level=level), exposure=exposure_table(df),
                        floor_differences=differences_from_floor(df, cells, draws, level=level),
                        forward_transfer=forward_transfer(df, draws, level=level))
-
-
-def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
-                 rng: np.random.Generator, n: int = RESAMPLES,
-                 level: float = LEVEL) -> dict[str, pd.DataFrame]:
-    """Every table of a run by name, in a fixed order of draws (one seed, the same tables):
-    `cells` (`cell_table`), `exposure`, `gap`, `pooled` (over orders), `floor` (differences from
-    the stateless floor), `twins` and `twins_pooled` (`twin_table`), `clbench` and
-    `clbench_pooled` (`orchestrator.clbench`), `pathbench` and `pathbench_pooled`
-    (`orchestrator.pathbench`), `transfer` (forward transfer). One set of task resamples
-    (`TaskResamples`) serves them all."""
-    # clbench and pathbench build on this module, so they can only be imported once it exists
-    from orchestrator import clbench, pathbench
-
-    draws = TaskResamples(rng, n)
-    return {
-        "cells": cell_table(df, draws, level=level),
-        "exposure": exposure_table(df),
-        "gap": gap_table(df),
-        "pooled": pooled_table(df, draws, level=level),
-        "floor": differences_from_floor(df, cells, draws, level=level),
-        "twins": twin_table(df, draws, level=level),
-        "twins_pooled": twin_table(df, draws, level=level, pool_orders=True),
-        "clbench": clbench.clbench_table(df, draws, level=level),
-        "clbench_pooled": clbench.clbench_table(df, draws, level=level, pool_orders=True),
-        "pathbench": pathbench.pathbench_table(df, draws, level=level),
-        "pathbench_pooled": pathbench.pathbench_table(df, draws, level=level, pool_orders=True),
-        "transfer": forward_transfer(df, draws, level=level),
-    }

@@ -1,0 +1,36 @@
+"""Every table of a run: the measures, CL-Bench's and PATH-Bench's, from one set of resamples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.analysis import clbench, measures, pathbench
+
+
+def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
+                 rng: measures.Resampling, n: int = measures.RESAMPLES,
+                 level: float = measures.LEVEL) -> dict[str, pd.DataFrame]:
+    """Every table of a run by name, in a fixed order of draws (one seed, the same tables):
+    `cells` (`measures.cell_table`), `exposure`, `gap`, `pooled` (over orders), `floor` (differences from
+    the stateless floor), `twins` and `twins_pooled` (`measures.twin_table`), `clbench` and
+    `clbench_pooled` (`clbench`), `pathbench` and `pathbench_pooled`
+    (`pathbench`), `transfer` (forward transfer). One set of task resamples
+    (`measures.TaskResamples`) serves them all; pass the report's own to share its draws."""
+    draws = measures.resamples_of(rng, n)
+    return {
+        "cells": measures.cell_table(df, draws, level=level),
+        "exposure": measures.exposure_table(df),
+        "gap": measures.gap_table(df),
+        "pooled": measures.pooled_table(df, draws, level=level),
+        "floor": measures.differences_from_floor(df, cells, draws, level=level),
+        "twins": measures.twin_table(df, draws, level=level),
+        "twins_pooled": measures.twin_table(df, draws, level=level, pool_orders=True),
+        "clbench": clbench.clbench_table(df, draws, level=level),
+        "clbench_pooled": clbench.clbench_table(df, draws, level=level, pool_orders=True),
+        "pathbench": pathbench.pathbench_table(df, draws, level=level),
+        "pathbench_pooled": pathbench.pathbench_table(df, draws, level=level, pool_orders=True),
+        "transfer": measures.forward_transfer(df, draws, level=level),
+    }
