@@ -24,7 +24,7 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness_adapters.harness import adapter_for  # noqa: E402
+from harness_adapters import registry  # noqa: E402
 from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
 from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
@@ -45,7 +45,7 @@ def main() -> None:
     sizes = {}
     for name in harnesses:
         start = time.monotonic()
-        tag = ensure_image(adapter_for(name).recipe.name, "auto", client)
+        tag = ensure_image(registry.adapter(name).recipe, "auto", client)
         sizes[name] = (tag, image_size_mb(client, tag), time.monotonic() - start)
     learners = ["stateless-floor"] + [e for name in harnesses
                                       for e in (name, {"learner": name, "row": "memory-off"})]

@@ -61,6 +61,9 @@ class Learner(abc.ABC):
     """One learner of the ladder, or a harness. One instance per cell; one conversation per instance."""
 
     name: str = "learner"
+    # Capabilities the runner reads (declared, never probed with getattr):
+    talks_after_verdict: bool = False  # may take more turns once the instance is over (up to 4)
+    runs_programs: bool = False  # built with the cell's ProgramExecutor (the program library)
 
     def __init__(self, state_dir: Path, prompts: PromptSet):
         self.state_dir = state_dir

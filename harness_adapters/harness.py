@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import abc
 import enum
-import importlib
 import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import TypeAdapter, ValidationError
+
 from harness_adapters.base import InstanceView, Learner, Turn
-from harness_adapters.registry import REGISTRY, harnesses
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Outcome
 from orchestrator.rows import row
-from sandboxes.docker_sandbox import DockerSandbox
-from sandboxes.environment import StateVolume
+from sandboxes.environment import SandboxEnvironment, StateVolume
 from sandboxes.images import Recipe
 
 PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
@@ -63,7 +62,7 @@ COMMON_PATTERNS: tuple[tuple[str, FailureKind], ...] = (
 class HarnessCell:
     """Everything an adapter's factories get about the cell they build for."""
 
-    sandbox: DockerSandbox
+    sandbox: SandboxEnvironment
     prompts: PromptSet
     model: str
     effort: str | None
@@ -73,15 +72,50 @@ class HarnessCell:
 
 
 @dataclass(frozen=True)
+class Option:
+    """A setting a grid may give the harness under `harness_options.<name>` (mitmproxy's
+    `add_option`: name, type, default, help). `kind` is any type pydantic validates."""
+
+    name: str
+    kind: Any
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
 class HarnessAdapter:
+    """A harness, declared. Its rows are the registry's (harness_adapters/learners.yaml)."""
+
     name: str
     version: str
     recipe: Recipe
-    rows: tuple[str, ...]
     make_state: Callable[[HarnessCell], StateVolume]
     make_learner: Callable[[HarnessCell], Learner]
     error_patterns: tuple[tuple[str, FailureKind], ...] = ()
+    options: tuple[Option, ...] = ()
     docs: str = ""  # the project's page of verified facts about the harness
+
+    def option_problems(self, given: dict[str, Any]) -> dict[str, str]:
+        """option name -> what is wrong with the value a grid gives it (empty when all is well)."""
+        declared = {o.name: o for o in self.options}
+        problems = {}
+        for key, value in given.items():
+            if key not in declared:
+                problems[key] = (f"{self.name} has no option {key!r}; options: "
+                                 f"{', '.join(declared) or 'none'}")
+                continue
+            try:
+                TypeAdapter(declared[key].kind).validate_python(value, strict=True)
+            except ValidationError as exc:
+                problems[key] = f"{exc.errors()[0]['msg']} ({declared[key].help})"
+        return problems
+
+    def settings(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Every option's value: the grid's, else the default. ValueError on a wrong one."""
+        problems = self.option_problems(given)
+        if problems:
+            raise ValueError("; ".join(f"harness_options.{self.name}.{k}: {v}" for k, v in problems.items()))
+        return {o.name: given.get(o.name, o.default) for o in self.options}
 
     def classify(self, text: str) -> FailureKind:
         """The first pattern (the adapter's own, then the common ones) that matches `text`."""
@@ -89,26 +123,6 @@ class HarnessAdapter:
             if re.search(pattern, text, re.IGNORECASE):
                 return kind
         return FailureKind.OTHER
-
-
-ADAPTERS: dict[str, HarnessAdapter] = {}
-
-
-def register(adapter: HarnessAdapter) -> HarnessAdapter:
-    ADAPTERS[adapter.name] = adapter
-    return adapter
-
-
-def adapter_for(name: str) -> HarnessAdapter:
-    """The registered adapter (its module is imported on first use: imports stay Docker-free)."""
-    if name not in ADAPTERS:
-        known = harnesses()
-        if name not in known:
-            raise KeyError(f"no harness adapter {name!r} in {REGISTRY}; known: {', '.join(sorted(known))}")
-        importlib.import_module(known[name]["module"])
-        if name not in ADAPTERS:
-            raise KeyError(f"{known[name]['module']} did not register an adapter named {name!r}")
-    return ADAPTERS[name]
 
 
 class HarnessState:
@@ -120,7 +134,7 @@ class HarnessState:
     each instance into the cell's folder, so logs outside the snapshots are kept too.
     """
 
-    def __init__(self, sandbox: DockerSandbox, files: dict[str, str] | None = None,
+    def __init__(self, sandbox: SandboxEnvironment, files: dict[str, str] | None = None,
                  start: Callable[[], None] | None = None, stop: Callable[[], None] | None = None,
                  logs: tuple[str, ...] = ()):
         self.sandbox = sandbox
@@ -270,14 +284,3 @@ class ConversationHarness(Learner):
 
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.turns)
-
-
-def load_adapters() -> dict[str, str]:
-    """Import every registered adapter (which registers its image recipe); name -> why it failed."""
-    failed = {}
-    for name in harnesses():
-        try:
-            adapter_for(name)
-        except Exception as exc:  # one broken adapter must not hide the others
-            failed[name] = f"{type(exc).__name__}: {exc}"
-    return failed

@@ -19,15 +19,14 @@ import yaml
 from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
-                                      HarnessError, HarnessState, register)
-from sandboxes.images import Recipe, register_recipe, wheelhouse
+                                      HarnessError, HarnessState)
+from sandboxes.images import Recipe, wheelhouse
 
 HERMES_VERSION = "0.19.0"
 HERMES_HOME = "/state/hermes"
 RECIPE = Recipe("hermes-agent", Path(__file__).parent / "recipes" / "hermes-agent", "base",
                 {"HERMES_VERSION": HERMES_VERSION},
                 {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent=={HERMES_VERSION}",))})
-register_recipe(RECIPE)
 TURN_TIMEOUT_S = 900.0
 ERROR_PATTERNS = (
     (r"APIConnectionError|Connection refused|ConnectError", FailureKind.CRASH),
@@ -104,8 +103,6 @@ def _state(cell: HarnessCell) -> HarnessState:
                         logs=(f"{HERMES_HOME}/logs/agent.log", f"{HERMES_HOME}/logs/errors.log"))
 
 
-HERMES = register(HarnessAdapter(
-    name="hermes-agent", version=HERMES_VERSION, recipe=RECIPE,
-    rows=("memory-on", "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped"),
-    make_state=_state,
-    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md"))
+HERMES = HarnessAdapter(
+    name="hermes-agent", version=HERMES_VERSION, recipe=RECIPE, make_state=_state,
+    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md")

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
-                                      HarnessError, HarnessState, register)
+                                      HarnessError, HarnessState, Option)
 from sandboxes.docker_sandbox import DockerSandbox
-from sandboxes.images import Recipe, npm_tree, register_recipe
+from sandboxes.images import Recipe, npm_tree
 
 OPENCLAW_VERSION = "2026.9.6"
 STATE_DIR = "/state/openclaw"
@@ -29,7 +29,6 @@ PORT = 18789
 RECIPE = Recipe("openclaw", Path(__file__).parent / "recipes" / "openclaw", "base",
                 {"OPENCLAW_VERSION": OPENCLAW_VERSION},
                 {"openclaw.tar": lambda: npm_tree("openclaw", f"openclaw@{OPENCLAW_VERSION}")})
-register_recipe(RECIPE)
 START_TIMEOUT_S = 180.0
 TURN_TIMEOUT_S = 900.0
 ERROR_PATTERNS = (
@@ -37,21 +36,20 @@ ERROR_PATTERNS = (
     (r"HTTP 50[234]|ECONNREFUSED|fetch failed|Connection refused", FailureKind.CRASH),
     (r"aborted|ETIMEDOUT|timed out", FailureKind.TIMEOUT),
 )
-DEFAULTS: dict[str, Any] = {
-    "dreaming_frequency": "0 * * * *",  # hourly (openclaw's default is 03:00 daily)
-    "workshop_mode": "auto",            # skill workshop: auto | propose | off
-    "context_window": 131072,
-    "max_tokens": 16384,
-}
+OPTIONS = (
+    Option("dreaming_frequency", str, "0 * * * *",
+           "cron schedule of memory-core dreaming (openclaw's own default is 03:00 daily)"),
+    Option("workshop_mode", Literal["auto", "propose", "off"], "auto", "the skill workshop's autonomous mode"),
+    Option("context_window", int, 131072, "the model's context window in tokens"),
+    Option("max_tokens", int, 16384, "the most tokens a reply may have"),
+)
+DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
 
 
 def render_config(base_url: str, model: str, effort: str | None, options: dict[str, Any] | None = None) -> str:
     """openclaw.json: the proxy as the only provider; every learning mechanism on; the outside
     calls (update check, model catalog) off; memory search set explicitly to FTS-only."""
-    unknown = sorted(set(options or {}) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"harness_options.openclaw: unknown {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
-    opts = {**DEFAULTS, **(options or {})}
+    opts = OPENCLAW.settings(options or {})
     config = {
         "models": {
             "catalogRefresh": {"enabled": False},  # it bypasses the proxy (its own DNS lookup)
@@ -163,8 +161,7 @@ def _state(cell: HarnessCell) -> HarnessState:
                         logs=(f"{LOG_DIR}/openclaw.log", f"{LOG_DIR}/gateway.out"))
 
 
-OPENCLAW = register(HarnessAdapter(
+OPENCLAW = HarnessAdapter(
     name="openclaw", version=OPENCLAW_VERSION, recipe=RECIPE,
-    rows=("memory-on", "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped"),
     make_state=_state, make_learner=lambda cell: OpenClaw(cell, _gateway(cell)),
-    error_patterns=ERROR_PATTERNS, docs="docs/harnesses/openclaw.md"))
+    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/openclaw.md")

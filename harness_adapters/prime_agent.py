@@ -26,9 +26,9 @@ from typing import Any, Callable, Protocol
 from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
-                                      HarnessError, HarnessState, register)
+                                      HarnessError, HarnessState, Option)
 from sandboxes.docker_sandbox import DockerSandbox
-from sandboxes.images import ImageBuildError, Recipe, cache_dir, register_recipe, run, wheelhouse
+from sandboxes.images import ImageBuildError, Recipe, cache_dir, run, wheelhouse
 
 PRIME_AGENT_VERSION = "0.8.0"
 PRIME_AGENT_COMMIT = "e319a66d7351c75abe7f040d02d9a8d6e25028e9"  # main on 2026-08-21, after v0.8.0
@@ -54,12 +54,16 @@ ENVIRONMENT = {
     "PI_OFFLINE": "1", "DO_NOT_TRACK": "1", "PRIME_AGENT_TELEMETRY": "0", "PI_SKIP_VERSION_CHECK": "1",
 }
 LAUNCH = f"mkdir -p {TMP_DIR} {WORK_DIR} && cd {WORK_DIR} && exec prime-agent --mode rpc"
-DEFAULTS: dict[str, Any] = {
-    "context_window": 131072,
-    "max_tokens": 16384,
-    "compat": {},  # models.json compat flags for servers lacking features (supportsDeveloperRole, ...)
-    "auto_refine": {"enabled": True, "turnInterval": 25, "compact": True, "cooldownMs": 1_200_000},
-}
+OPTIONS = (
+    Option("context_window", int, 131072, "the model's context window in tokens"),
+    Option("max_tokens", int, 16384, "the most tokens a reply may have"),
+    Option("compat", dict[str, Any], {}, "models.json compat flags for servers lacking features "
+                                         "(supportsDeveloperRole, ...)"),
+    Option("auto_refine", dict[str, Any],
+           {"enabled": True, "turnInterval": 25, "compact": True, "cooldownMs": 1_200_000},
+           "settings.json autoRefine keys; the ones given replace the defaults one by one"),
+)
+DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
 ERROR_PATTERNS = (
     (r"ECONNREFUSED|ECONNRESET|fetch failed|Connection error|socket hang up", FailureKind.CRASH),
     (r"daemon .*(exited|not connected)|Failed to connect to the Prime Agent daemon", FailureKind.CRASH),
@@ -70,10 +74,7 @@ ERROR_PATTERNS = (
 # --- configuration on the state volume ----------------------------------------------------------
 
 def _options(options: dict[str, Any] | None) -> dict[str, Any]:
-    unknown = sorted(set(options or {}) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"harness_options.prime-agent: unknown {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **(options or {})}
+    merged = PRIME.settings(options or {})
     merged["auto_refine"] = {**DEFAULTS["auto_refine"], **(options or {}).get("auto_refine", {})}
     return merged
 
@@ -491,10 +492,8 @@ def kernel_wheels() -> Path:
 RECIPE = Recipe("prime-agent", Path(__file__).parent / "recipes" / "prime-agent", "base",
                 {"PRIME_AGENT_VERSION": PRIME_AGENT_VERSION, "PRIME_AGENT_COMMIT": PRIME_AGENT_COMMIT},
                 {"prime-agent.tar": source_tar, "kernel-wheels": kernel_wheels})
-register_recipe(RECIPE)
 
-PRIME = register(HarnessAdapter(
+PRIME = HarnessAdapter(
     name="prime-agent", version=PRIME_AGENT_VERSION, recipe=RECIPE,
-    rows=("memory-on", "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped"),
     make_state=_state, make_learner=lambda cell: PrimeAgent(cell, _agent(cell)),
-    error_patterns=ERROR_PATTERNS, docs="docs/harnesses/prime-agent.md"))
+    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/prime-agent.md")

@@ -37,6 +37,7 @@ def extract_program(text: str) -> str | None:
 class ProgramLibrary(DemoCacheFloor):
     name = "program-library"
     system_template = "program_system"
+    runs_programs = True
 
     def __init__(self, state_dir: Path, prompts: PromptSet, model: ChatModel,
                  limits: ProgramLimits = ProgramLimits(), executor: ProgramExecutor = local_executor):

@@ -167,27 +167,28 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
     """Build the images of the named recipes (and their parents); print each tag and size."""
     import time
 
-    from harness_adapters.harness import load_adapters
-    from sandboxes.images import (
-        RECIPES,
-        ImageBuildError,
-        docker_client,
-        ensure_image,
-        image_size_mb,
-    )
-    for harness, why in load_adapters().items():
-        if harness in (names or ()):
-            _fail(f"harness {harness}: {why}")
+    from harness_adapters.registry import harness_recipes
+    from sandboxes.images import RECIPES, ImageBuildError, docker_client, ensure_image, image_size_mb
+    recipes = {**RECIPES, **harness_recipes()}
+    for name in names or ():
+        if name not in recipes:
+            _fail(f"no image {name!r}; images: {', '.join(recipes)}")
+        if isinstance(recipes[name], Exception):
+            _fail(f"harness {name}: {type(recipes[name]).__name__}: {recipes[name]}")
     chosen = "offline" if offline else base
     if chosen not in ("auto", "registry", "offline"):
         _fail(f"--base {base!r}: use auto, registry or offline")
     try:
         client = docker_client()
-        for name in names or list(RECIPES):
+        for name in names or list(recipes):
             start = time.monotonic()
+            if isinstance(recipes[name], Exception):
+                console.print(f"{name:<16} skipped: its adapter does not load: {recipes[name]}",
+                              highlight=False, soft_wrap=True)
+                continue
             try:
                 with console.status(f"building {name} ..."):
-                    tag = ensure_image(name, chosen, client)
+                    tag = ensure_image(recipes[name], chosen, client)
             except ImageBuildError as exc:
                 if names:
                     raise
@@ -248,7 +249,7 @@ def adapters_new(name: str = typer.Argument(..., help="harness name, e.g. my-age
         _fail(str(exc))
     for path in written:
         console.print(f"wrote {path.relative_to(base)}", highlight=False)
-    console.print(f"registered {name} in harness_adapters/harnesses.yaml; next: "
+    console.print(f"registered {name} in harness_adapters/learners.yaml; next: "
                   f"docs/adding-a-harness.md, then `carc adapters check {name}`",
                   highlight=False, soft_wrap=True)
 

@@ -9,14 +9,8 @@ import docker
 import docker.errors
 import httpx
 
-from sandboxes.images import (
-    RECIPES,
-    REGISTRY_BASE,
-    ImageBuildError,
-    cache_dir,
-    offline_base_tag,
-    render,
-)
+from harness_adapters.registry import harness_recipes
+from sandboxes.images import RECIPES, REGISTRY_BASE, ImageBuildError, cache_dir, offline_base_tag, render
 from sandboxes.networks import NoGatewayError, host_address
 
 
@@ -69,7 +63,11 @@ def check_images(client: docker.DockerClient) -> list[Check]:
                       "carc images build --offline (about a minute)")]
     checks = [Check("image base", True, bases[0])]
     tags = {None: bases[0]}
-    for name, recipe in RECIPES.items():
+    for name, recipe in {**RECIPES, **harness_recipes()}.items():
+        if isinstance(recipe, Exception):
+            checks.append(Check(f"image {name}", False, f"its adapter does not load: {str(recipe)[:160]}",
+                                f"fix harness_adapters' module for {name}"))
+            continue
         parent = tags.get(recipe.parent)
         if parent is None:
             checks.append(Check(f"image {name}", False, f"its parent {recipe.parent} is not built",

@@ -238,7 +238,8 @@ class DockerSandbox(SandboxEnvironment):
 
     def exec(self, cmd: list[str], input: bytes | str | None = None, cwd: str | None = None,
              env: dict[str, str] | None = None, timeout: float | None = None,
-             user: str = SANDBOX_USER) -> ExecResult:
+             user: str | None = None) -> ExecResult:
+        user = user or SANDBOX_USER
         if self.container is None:
             raise SandboxError(f"{self.name}: exec before start() or after teardown()")
         # `timeout` inside the container kills the whole process group, not just the client side.
@@ -280,8 +281,9 @@ class DockerSandbox(SandboxEnvironment):
         return ExecResult(code, stdout or b"", stderr or b"", timed_out)
 
     def open_process(self, cmd: list[str], env: dict[str, str] | None = None,
-                     user: str = SANDBOX_USER) -> "SandboxProcess":
+                     user: str | None = None) -> "SandboxProcess":
         """A long-lived process with a line protocol on stdin/stdout (a harness driver)."""
+        user = user or SANDBOX_USER
         if self.container is None:
             raise SandboxError(f"{self.name}: open_process before start() or after teardown()")
         api = self.client.api

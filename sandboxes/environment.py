@@ -30,13 +30,33 @@ class ExecResult:
 
 
 class StateVolume(Protocol):
-    """What the runner needs of a learner's state: a host folder (ladder) or a sandbox volume."""
+    """What the runner needs of a learner's state: a host folder (ladder) or a sandbox volume.
+
+    `collect_logs` copies what the learner's logs gained since the last call into `dest` (logs
+    outside the snapshots); a state with no logs returns [] (the ladder's host folder)."""
 
     def wipe(self) -> None: ...
 
     def snapshot(self, dest: Path) -> None: ...
 
     def restore(self, source: Path | None) -> None: ...
+
+    def collect_logs(self, dest: Path) -> list[Path]: ...
+
+
+class LineProcess(Protocol):
+    """A long-lived process inside a sandbox with a line protocol on stdin/stdout (a harness
+    driver); `stderr` keeps its recent error output for messages."""
+
+    stderr: bytes
+
+    def send_line(self, text: str) -> None: ...
+
+    def read_line(self, timeout: float) -> str | None:
+        """The next stdout line, None when the process ended; TimeoutError past `timeout`."""
+
+    def close(self, timeout: float = 900) -> int | None:
+        """Close stdin, drain until the process exits; its exit code."""
 
 
 class SandboxError(RuntimeError):
@@ -50,8 +70,19 @@ class SandboxEnvironment(abc.ABC):
 
     @abc.abstractmethod
     def exec(self, cmd: list[str], input: bytes | str | None = None, cwd: str | None = None,
-             env: dict[str, str] | None = None, timeout: float | None = None) -> ExecResult:
-        """Run `cmd`; past `timeout` seconds the process and its children are killed."""
+             env: dict[str, str] | None = None, timeout: float | None = None,
+             user: str | None = None) -> ExecResult:
+        """Run `cmd` (as `user`, default the sandbox's own unprivileged user); past `timeout`
+        seconds the process and its children are killed."""
+
+    @abc.abstractmethod
+    def open_process(self, cmd: list[str], env: dict[str, str] | None = None,
+                     user: str | None = None) -> LineProcess:
+        """Start a long-lived process with a line protocol on stdin/stdout (a harness driver)."""
+
+    @abc.abstractmethod
+    def reverse_base_url(self) -> str:
+        """The model base URL as the sandbox reaches it: its proxy's, never the endpoint itself."""
 
     @abc.abstractmethod
     def read_file(self, path: str) -> bytes:

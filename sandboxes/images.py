@@ -167,11 +167,6 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def register_recipe(recipe: Recipe) -> None:
-    """Harness adapters add their recipes here (one recipe folder per harness)."""
-    RECIPES[recipe.name] = recipe
-
-
 # --- the machine's base -----------------------------------------------------------------------
 
 def apt_mirror() -> str:
@@ -315,12 +310,17 @@ def render(recipe: Recipe, parent_tag: str) -> Context:
     return Context(dockerfile, files)
 
 
-def ensure_image(name: str, base: Base = "auto", client: docker.DockerClient | None = None) -> str:
-    """Build (or find in the cache) the image of recipe `name` and its parents; return its tag."""
-    if name not in RECIPES:
-        raise ImageBuildError(f"no image recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
+def ensure_image(recipe: Recipe | str, base: Base = "auto", client: docker.DockerClient | None = None) -> str:
+    """Build (or find in the cache) the image of `recipe` and its parents; return its tag. A
+    string names one of sandboxes' own recipes (`RECIPES`: base, proxy); a harness's recipe is
+    its adapter's (harness_adapters.registry)."""
+    if isinstance(recipe, str):
+        if recipe not in RECIPES:
+            raise ImageBuildError(f"no image recipe {recipe!r} in sandboxes; known: {', '.join(sorted(RECIPES))} "
+                                  "(a harness's image is built from its adapter's recipe)")
+        recipe = RECIPES[recipe]
+    name = recipe.name
     client = client or docker_client()
-    recipe = RECIPES[name]
     if recipe.parent:
         parent = ensure_image(recipe.parent, base, client)
     else:

@@ -1,4 +1,4 @@
-"""What every harness parser provides, and the registry that picks one by harness name.
+"""What every harness parser provides, and the lookup that picks one by harness name.
 
 A parser turns a state volume into `Artifact`s (the units a harness keeps: a memory entry, a
 skill, a note file, a store entry), recognises its harness's background mechanisms among the
@@ -155,7 +155,7 @@ class StoreContext:
 
 
 def parser_for(harness: str | None) -> HarnessParser:
-    """The parser of a harness by name; the file-level fallback (generic.py) for anything else."""
-    from stores_inspector import generic, hermes_agent, openclaw, prime_agent
-    parsers = {p.name: p for p in (hermes_agent.Parser(), openclaw.Parser(), prime_agent.Parser())}
-    return parsers.get(harness or "", generic.Parser())
+    """The parser of a harness by name, as the registry (harness_adapters/learners.yaml) names
+    it; the file-level fallback (generic.py) for anything else."""
+    from harness_adapters.registry import parser
+    return parser(harness)

@@ -20,7 +20,7 @@ from string import Template
 import pytest
 from typer.testing import CliRunner
 
-from harness_adapters.harness import ADAPTERS, ConversationHarness
+from harness_adapters.harness import ConversationHarness
 from harness_adapters.registry import REGISTRY, STANDARD_ROWS, harnesses
 from harness_adapters.scaffold import ScaffoldError, new_adapter
 from orchestrator.cli import app
@@ -34,7 +34,7 @@ runner = CliRunner()
 def root(tmp_path) -> Path:
     """A repository root with only the registry file (a copy of the real one)."""
     (tmp_path / "harness_adapters").mkdir()
-    shutil.copy(REGISTRY, tmp_path / "harness_adapters" / "harnesses.yaml")
+    shutil.copy(REGISTRY, tmp_path / "harness_adapters" / "learners.yaml")
     return tmp_path
 
 
@@ -51,9 +51,6 @@ def load():
         return module
 
     yield load
-    for name in names:
-        ADAPTERS.pop(name, None)
-        RECIPES.pop(name, None)
 
 
 def relative(paths: list[Path], root: Path) -> set[str]:
@@ -66,19 +63,19 @@ def test_new_writes_module_recipe_driver_test_and_docs_and_registers_the_harness
         "harness_adapters/my_agent.py", "harness_adapters/recipes/my-agent/Dockerfile",
         "harness_adapters/recipes/my-agent/driver.py", "tests/test_my_agent_conformance.py",
         "docs/harnesses/my-agent.md"}
-    registry = harnesses(root / "harness_adapters" / "harnesses.yaml")
-    assert registry["my-agent"] == {"module": "harness_adapters.my_agent", "rows": STANDARD_ROWS}
+    registry = harnesses(root / "harness_adapters" / "learners.yaml")
+    assert registry["my-agent"].target == "harness_adapters.my_agent:MY_AGENT"
+    assert registry["my-agent"].rows == STANDARD_ROWS
     assert set(harnesses()) <= set(registry)  # the earlier entries are kept
 
 
-def test_the_generated_pip_module_imports_and_registers_its_adapter_and_recipe(root, load):
+def test_the_generated_pip_module_imports_and_declares_its_adapter_and_recipe(root, load):
     new_adapter("my-agent", root, pip="my-agent", version="1.2.3")
     module = load(root / "harness_adapters" / "my_agent.py", "my-agent")
-    adapter = ADAPTERS["my-agent"]
-    assert adapter is module.MY_AGENT and adapter.version == "1.2.3"
-    assert adapter.rows == STANDARD_ROWS and adapter.docs == "docs/harnesses/my-agent.md"
+    adapter = module.MY_AGENT
+    assert adapter.version == "1.2.3" and adapter.docs == "docs/harnesses/my-agent.md"
     assert issubclass(adapter.make_learner, ConversationHarness) and adapter.make_learner.name == "my-agent"
-    assert RECIPES["my-agent"] is adapter.recipe
+    assert "my-agent" not in RECIPES  # sandboxes keeps only its own recipes; nothing registers on import
     assert adapter.recipe.folder == root / "harness_adapters" / "recipes" / "my-agent"
     assert adapter.recipe.versions == {"MY_AGENT_VERSION": "1.2.3"}
     assert list(adapter.recipe.inputs) == ["wheelhouse"]
@@ -151,9 +148,9 @@ def test_the_generic_driver_says_when_the_command_is_not_there(root, tmp_path):
 
 
 def test_new_refuses_a_registered_name_and_changes_nothing(root):
-    registry = root / "harness_adapters" / "harnesses.yaml"
+    registry = root / "harness_adapters" / "learners.yaml"
     before = registry.read_text()
-    with pytest.raises(ScaffoldError, match="'hermes-agent' already exists in .*harnesses.yaml"):
+    with pytest.raises(ScaffoldError, match="'hermes-agent' already exists in .*learners.yaml"):
         new_adapter("hermes-agent", root, version="1.0.0")
     assert registry.read_text() == before
     assert not (root / "harness_adapters" / "hermes_agent.py").exists()
@@ -163,7 +160,7 @@ def test_new_refuses_files_left_by_an_unregistered_harness(root):
     (root / "harness_adapters" / "my_agent.py").write_text("# someone's work\n")
     with pytest.raises(ScaffoldError, match="files exist: .*my_agent.py"):
         new_adapter("my-agent", root, version="1.0.0")
-    assert "my-agent" not in harnesses(root / "harness_adapters" / "harnesses.yaml")
+    assert "my-agent" not in harnesses(root / "harness_adapters" / "learners.yaml")
 
 
 @pytest.mark.parametrize("name, options, message", [
@@ -196,21 +193,22 @@ def test_adapters_list_shows_every_registered_harness_and_whether_it_imports():
     assert result.exit_code == 0, result.output
     heads = {line.split()[0]: line for line in result.output.splitlines() if not line.startswith(" ")}
     assert set(heads) == set(harnesses())
-    assert heads["hermes-agent"].split()[1:] == ["harness_adapters.hermes_agent", "imports"]
+    assert heads["hermes-agent"].split()[1:] == ["harness_adapters.hermes_agent:HERMES", "imports"]
     for line in heads.values():  # a module still being written is a row, not a crash
         assert line.split()[2] == "imports" or "module not importable: " in line
     assert "recipe: harness_adapters/recipes/hermes-agent" in result.output
 
 
 def test_adapters_list_shows_a_module_that_does_not_import_or_register(tmp_path):
-    registry = tmp_path / "harnesses.yaml"
-    registry.write_text("ghost-agent:\n  module: harness_adapters.ghost_agent\n"
-                        "quiet-agent:\n  module: json.decoder\n")
+    registry = tmp_path / "learners.yaml"
+    registry.write_text("ghost-agent:\n  adapter: harness_adapters.ghost_agent:GHOST\n"
+                        "quiet-agent:\n  adapter: json.decoder:JSONDecoder\n")
     result = runner.invoke(app, ["adapters", "list", "--registry", str(registry)])
     assert result.exit_code == 0, result.output
-    assert "ghost-agent  harness_adapters.ghost_agent  module not importable: ModuleNotFoundError: " \
+    assert "ghost-agent  harness_adapters.ghost_agent:GHOST  module not importable: ModuleNotFoundError: " \
            "No module named 'harness_adapters.ghost_agent'" in result.output
-    assert "quiet-agent  json.decoder  imports, but registers no adapter named 'quiet-agent'" in result.output
+    assert "quiet-agent  json.decoder:JSONDecoder  imports, but json.decoder:JSONDecoder is not a " \
+           "HarnessAdapter" in result.output
 
 
 def test_adapters_check_refuses_an_unregistered_harness_before_touching_docker():
@@ -238,11 +236,12 @@ def test_a_scaffolded_harness_builds_its_image_and_answers_in_a_real_sandbox(
     module = load(root / "harness_adapters" / f"{name.replace('-', '_')}.py", name)
     if first_turn:
         module.FIRST_TURN = module.NEXT_TURN = first_turn
-    image = ensure_image(name, BASE, client)
+    adapter = getattr(module, module.__name__.rsplit(".", 1)[-1].upper())
+    image = ensure_image(adapter.recipe, BASE, client)
     sandbox = DockerSandbox(SandboxSpec(image, run=run_id, cell=name), client).start()
     try:
         cell = HarnessCell(sandbox, PromptSet.load(), "carc-scripted", None, "memory-on")
-        state, learner = ADAPTERS[name].make_state(cell), ADAPTERS[name].make_learner(cell)
+        state, learner = adapter.make_state(cell), adapter.make_learner(cell)
         state.restore(None)
         learner.open_conversation("carc-test")
         turn = learner.send("moo from carc")

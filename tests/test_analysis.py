@@ -9,22 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.analysis import measures
-from orchestrator.analysis.measures import (
-    analyse,
-    bootstrap_mean_ci,
-    cell_table,
-    differences_from_floor,
-    exposure_table,
-    forward_transfer,
-    gap_table,
-    instances_frame,
-    paired_difference,
-    pooled_table,
-    task_bootstrap,
-    twin_cells,
-    twin_table,
-    unfinished_instances,
-)
+from orchestrator.analysis.measures import (analyse, bootstrap_mean_ci, cell_table, differences_from_floor,
+                                            exposure_table, forward_transfer, gap_table, instances_frame,
+                                            paired_difference, pooled_table, task_bootstrap, twin_cells,
+                                            twin_table, unfinished_instances)
 from orchestrator.analysis.tables import run_measures
 from orchestrator.records import Event
 

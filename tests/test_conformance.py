@@ -16,21 +16,11 @@ import pytest
 
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import Event
-from orchestrator.run.conformance import (
-    CellRecords,
-    DockerObject,
-    check_instances,
-    check_journaling,
-    check_no_leak_in_requests,
-    check_no_leak_in_snapshots,
-    check_note_kept,
-    check_note_returns,
-    check_teardown,
-    check_verdict_in_conversation,
-    docker_objects,
-    report_table,
-    run_conformance,
-)
+from orchestrator.run.conformance import (CellRecords, DockerObject, check_instances, check_journaling,
+                                          check_no_leak_in_requests, check_no_leak_in_snapshots,
+                                          check_note_kept, check_note_returns, check_teardown,
+                                          check_verdict_in_conversation, docker_objects, report_table,
+                                          run_conformance)
 from proxy.journal import JournalEntry
 
 A, B = "own-task-a", "own-task-b"

@@ -1,23 +1,47 @@
-"""The harness adapter registry and failure classification (no Docker needed)."""
+"""The learner registry and failure classification (no Docker needed)."""
+
+import importlib
+import sys
 
 import pytest
 
-from harness_adapters.harness import FailureKind, adapter_for
-from harness_adapters.registry import harnesses
+from harness_adapters.harness import FailureKind
+from harness_adapters.registry import RegistryError, harnesses, learner_class, learners
+from harness_adapters.registry import adapter as adapter_for
 from orchestrator.prompts import PromptSet
+from orchestrator.rows import ROWS
 from orchestrator.run.grid_config import HARNESSES, LEARNER_ROWS
 
 
-def test_every_harness_a_grid_may_name_has_an_adapter_with_the_same_rows():
+def test_every_harness_a_grid_may_name_has_an_adapter_and_a_recipe():
     assert set(harnesses()) == HARNESSES
     for name in HARNESSES:
         adapter = adapter_for(name)
-        assert adapter.name == name and adapter.rows == LEARNER_ROWS[name]
+        assert adapter.name == name
         assert (adapter.recipe.folder / "Dockerfile").exists()
 
 
-def test_unknown_harness_names_the_known_ones():
-    with pytest.raises(KeyError, match="known: hermes-agent"):
+def test_the_registry_is_the_one_table_of_learners_and_their_rows():
+    assert LEARNER_ROWS == {name: entry.rows for name, entry in learners().items()}
+    assert all(row in ROWS for rows in LEARNER_ROWS.values() for row in rows)
+    assert {"stateless-floor", "demo-cache-floor", "program-library"} <= set(LEARNER_ROWS)
+    assert learner_class("program-library").runs_programs
+    assert not learner_class("stateless-floor").runs_programs
+
+
+def test_reading_the_registry_imports_no_adapter_and_no_recipe_is_registered_by_an_import():
+    for module in [m for m in sys.modules if m.startswith("harness_adapters.") and m.endswith(
+            ("hermes_agent", "openclaw", "prime_agent"))]:
+        del sys.modules[module]
+    assert set(learners()) >= {"hermes-agent", "openclaw"}
+    assert "harness_adapters.openclaw" not in sys.modules
+    from sandboxes.images import RECIPES
+    importlib.import_module("harness_adapters.openclaw")
+    assert set(RECIPES) == {"base", "proxy"}  # importing an adapter adds no recipe anywhere
+
+
+def test_unknown_learner_names_the_known_ones():
+    with pytest.raises(RegistryError, match="known: stateless-floor.*hermes-agent"):
         adapter_for("nope")
 
 

@@ -7,14 +7,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.doctor import run_checks
-from sandboxes.images import (
-    RECIPES,
-    ImageBuildError,
-    Recipe,
-    ensure_image,
-    register_recipe,
-    render,
-)
+from sandboxes.images import ImageBuildError, Recipe, ensure_image, render
 from tests.docker_fixtures import (  # noqa: F401
     BASE,
     _prune_at_end,
@@ -57,29 +50,21 @@ def test_tag_is_a_hash_of_the_rendered_recipe_and_its_files(tmp_path):
 def test_an_unchanged_recipe_is_built_once_and_then_found_in_the_cache(tmp_path, base_image, client,
                                                                       monkeypatch):
     recipe = tiny_recipe(tmp_path, "pytest-cache")
-    register_recipe(recipe)
-    try:
-        tag = ensure_image("pytest-cache", BASE, client)
-        image_id = client.images.get(tag).id
+    tag = ensure_image(recipe, BASE, client)
+    image_id = client.images.get(tag).id
 
-        def no_second_build(*args):
-            raise AssertionError("an unchanged recipe was built again")
-        monkeypatch.setattr("sandboxes.images._build", no_second_build)
-        assert ensure_image("pytest-cache", BASE, client) == tag
-        assert client.images.get(tag).id == image_id
-        assert output_of(client, tag, ["cat", "/opt/note.txt"]) == b"first"
-    finally:
-        RECIPES.pop("pytest-cache", None)
+    def no_second_build(*args):
+        raise AssertionError("an unchanged recipe was built again")
+    monkeypatch.setattr("sandboxes.images._build", no_second_build)
+    assert ensure_image(recipe, BASE, client) == tag
+    assert client.images.get(tag).id == image_id
+    assert output_of(client, tag, ["cat", "/opt/note.txt"]) == b"first"
 
 
 def test_builds_have_no_network(tmp_path, base_image, client):
     code = "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"
-    register_recipe(tiny_recipe(tmp_path, "pytest-nonet", f'python3 -c "{code}"'))
-    try:
-        with pytest.raises(ImageBuildError, match="pytest-nonet/Dockerfile"):
-            ensure_image("pytest-nonet", BASE, client)
-    finally:
-        RECIPES.pop("pytest-nonet", None)
+    with pytest.raises(ImageBuildError, match="pytest-nonet/Dockerfile"):
+        ensure_image(tiny_recipe(tmp_path, "pytest-nonet", f'python3 -c "{code}"'), BASE, client)
 
 
 def test_unknown_recipe_is_named_with_the_known_ones():

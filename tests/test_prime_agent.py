@@ -22,7 +22,8 @@ import pytest
 
 from harness_adapters import prime_agent
 from harness_adapters.base import InstanceView
-from harness_adapters.harness import PROGRAMS_DIR, FailureKind, HarnessCell, HarnessError, adapter_for
+from harness_adapters.harness import PROGRAMS_DIR, FailureKind, HarnessCell, HarnessError
+from harness_adapters.registry import adapter as adapter_for
 from harness_adapters.prime_agent import (AGENT_DIR, ENVIRONMENT, LAUNCH, PRIME_AGENT_COMMIT, SOURCE_ENV,
                                           RpcClient, check_source, render_models, render_settings,
                                           source_commit, source_digest)

@@ -23,12 +23,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.analysis import measures, plots
-from orchestrator.analysis.report import (
-    display_frame,
-    load_run,
-    measure_tables_sections,
-    write_report,
-)
+from orchestrator.analysis.report import display_frame, load_run, measure_tables_sections, write_report
 from orchestrator.analysis.report_html import Figure, render_html, sort_key
 from orchestrator.records import Event, EventLog
 from orchestrator.streams import build_stream, epilogue

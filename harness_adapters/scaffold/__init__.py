@@ -8,7 +8,6 @@ Every function takes the repository root and the registry file, so tests scaffol
 from __future__ import annotations
 
 import datetime
-import importlib
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import Literal
 
-from harness_adapters.registry import REGISTRY, STANDARD_ROWS, RegistryError, add_harness, harnesses
+from harness_adapters.registry import REGISTRY, STANDARD_ROWS, RegistryError, add_harness, harnesses, learners
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).parent
@@ -114,7 +113,7 @@ def new_adapter(name: str, root: Path = REPO_ROOT, registry: Path | None = None,
 
     `npm` or `pip` names the package the image installs (default: PyPI package `name`); without
     `version` the registry's latest release is pinned."""
-    registry = registry or root / "harness_adapters" / "harnesses.yaml"
+    registry = registry or root / "harness_adapters" / "learners.yaml"
     if not NAME.match(name):
         raise ScaffoldError(f"harness name {name!r}: use lowercase letters, digits and single "
                             f"dashes, starting with a letter (e.g. my-agent)")
@@ -125,12 +124,12 @@ def new_adapter(name: str, root: Path = REPO_ROOT, registry: Path | None = None,
     if not PACKAGES[kind].match(package):
         raise ScaffoldError(f"{package!r} is not a valid {kind} package name")
     try:
-        known = harnesses(registry)
+        known = learners(registry)
     except (OSError, RegistryError) as exc:
         raise ScaffoldError(f"cannot read the harness registry: {exc}") from None
     if name in known:
-        raise ScaffoldError(f"harness {name!r} already exists in {registry} (module "
-                            f"{known[name]['module']}); pick another name, or edit its files")
+        raise ScaffoldError(f"harness {name!r} already exists in {registry} ("
+                            f"{known[name].target}); pick another name, or edit its files")
     version = version or latest_version(kind, package)
     if not VERSION.match(version):
         raise ScaffoldError(f"version {version!r}: expected something like 1.2.3")
@@ -143,7 +142,7 @@ def new_adapter(name: str, root: Path = REPO_ROOT, registry: Path | None = None,
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    add_harness(name, f"harness_adapters.{scaffold.module}", STANDARD_ROWS, registry)
+    add_harness(name, f"harness_adapters.{scaffold.module}:{scaffold.const}", STANDARD_ROWS, registry)
     return list(files)
 
 
@@ -162,18 +161,18 @@ class RegisteredHarness:
 def registered_harnesses(registry: Path = REGISTRY) -> list[RegisteredHarness]:
     """Every registered harness, with whether its module imports (one that does not is shown,
     never raised: adapters are written while others run)."""
-    from harness_adapters.harness import ADAPTERS
+    from harness_adapters.harness import HarnessAdapter
 
     listed = []
     for name, entry in harnesses(registry).items():
         try:
-            importlib.import_module(entry["module"])
-            adapter = ADAPTERS.get(name)
-            status = "imports" if adapter else f"imports, but registers no adapter named {name!r}"
+            found = entry.load()
+            adapter = found if isinstance(found, HarnessAdapter) else None
+            status = "imports" if adapter else f"imports, but {entry.target} is not a HarnessAdapter"
         except Exception as exc:  # any failure of someone else's module is a row, not a crash
             adapter, status = None, f"module not importable: {type(exc).__name__}: {exc}"
         folder = adapter.recipe.folder if adapter else REPO_ROOT / "harness_adapters" / "recipes" / name
         recipe = str(folder.relative_to(REPO_ROOT)) if folder.is_relative_to(REPO_ROOT) else str(folder)
-        listed.append(RegisteredHarness(name, entry["module"], entry["rows"], adapter is not None,
+        listed.append(RegisteredHarness(name, entry.target, entry.rows, adapter is not None,
                                         status, recipe if folder.exists() else "-"))
     return listed

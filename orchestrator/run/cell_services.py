@@ -14,14 +14,14 @@ import tarfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 from urllib.parse import urlsplit
 
-from harness_adapters.program_check import (
-    ProgramExecutor,
-    SandboxExecutor,
-    local_executor,
-)
+from harness_adapters import registry
+from harness_adapters.base import Learner
+from harness_adapters.chat_model import ChatModel
+from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
+from orchestrator.prompts import PromptSet
 from orchestrator.records import write_json
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
 from sandboxes.environment import StateVolume
@@ -50,6 +50,9 @@ class HostStateDir:
             with tarfile.open(source) as tar:
                 tar.extractall(self.path, filter="data")
 
+    def collect_logs(self, dest: Path) -> list[Path]:
+        return []  # a ladder learner's only log is its transcript, kept by the runner
+
 
 class ControlFile:
     """The slot control file of a proxy container (the orchestrator owns it; the sandbox cannot see it)."""
@@ -62,13 +65,19 @@ class ControlFile:
         write_slot(self.path, slot, phase)
 
 
+class SlotControl(Protocol):
+    """Tells a proxy which instance slot (and side of its verdict) the calls belong to."""
+
+    def set_slot(self, slot: int | None, phase: str) -> None: ...
+
+
 @dataclass
 class CellServices:
     model_base_url: str          # what the learner calls: the proxy, never the endpoint itself
-    state: StateVolume           # HostStateDir for the ladder; a DockerSandbox for harnesses
+    state: StateVolume           # HostStateDir for the ladder; the harness's state volume
     executor: ProgramExecutor
-    proxy: object | None = None  # proxy.host.HostProxy, or the ControlFile of a proxy container
-    harness: object | None = None  # the harness learner living in the cell's sandbox
+    proxy: SlotControl | None = None  # proxy.host.HostProxy, or the ControlFile of a proxy container
+    harness: Learner | None = None  # the harness learner living in the cell's sandbox
 
     def set_slot(self, slot: int | None, phase: str) -> None:
         """Tell the proxy which instance slot (and which side of its verdict) calls belong to."""
@@ -78,6 +87,15 @@ class CellServices:
 
 def journal_dir(cell_dir: Path) -> Path:
     return cell_dir / "journal"
+
+
+def ladder_learner(cell: Cell, state_dir: Path, prompts: PromptSet, model: ChatModel,
+                   executor: ProgramExecutor = local_executor) -> Learner:
+    """A ladder learner of the registry (harness_adapters/learners.yaml), built for its cell."""
+    cls = registry.learner_class(cell.learner)
+    if cls.runs_programs:
+        return cls(state_dir, prompts, model, executor=executor)
+    return cls(state_dir, prompts, model)
 
 
 @contextmanager
@@ -120,14 +138,13 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
 @contextmanager
 def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
     """A harness cell: its image, its sandbox and proxy container, its state volume."""
-    from harness_adapters.harness import HarnessCell, adapter_for
-    from orchestrator.prompts import PromptSet
+    from harness_adapters.harness import HarnessCell
     from sandboxes.docker_sandbox import DockerSandbox, Limits, ProxySpec, SandboxSpec
     from sandboxes.images import ensure_image
 
-    adapter = adapter_for(cell.learner)
+    adapter = registry.adapter(cell.learner)
     spec = SandboxSpec(
-        ensure_image(adapter.recipe.name, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
+        ensure_image(adapter.recipe, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
                         key_env=grid.model.api_key_env),
         limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids))

@@ -10,29 +10,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness_adapters import registry
 from harness_adapters.chat_model import ModelEndpoint
-from harness_adapters.registry import harnesses
 from orchestrator.protocol import Limits
 from orchestrator.rows import label
+from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
 
-LADDER_ROWS: dict[str, tuple[str, ...]] = {
-    "stateless-floor": ("memory-on",),
-    "demo-cache-floor": ("memory-on",),
-    "program-library": ("memory-on", "wiped"),
-}
-# harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/harnesses.yaml)
-HARNESSES = frozenset(harnesses())
-LEARNER_ROWS: dict[str, tuple[str, ...]] = {
-    **LADDER_ROWS, **{name: entry["rows"] for name, entry in harnesses().items()}}
+# harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/learners.yaml)
+HARNESSES = frozenset(registry.harnesses())
+LEARNER_ROWS: dict[str, tuple[str, ...]] = {name: e.rows for name, e in registry.learners().items()}
+# The efforts a grid may name; each API's own field for them is the adapter's and the client's.
+Effort = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
 EMBEDDED = "embedded"
 
 
@@ -131,7 +121,7 @@ class GridConfig(_Strict):
     track: TrackConfig = TrackConfig()
     orders: list[Literal["sequential", "workstreams", "random"]] = ["workstreams"]
     model: ModelConfig = ModelConfig()
-    efforts: list[str] = ["medium"]
+    efforts: list[Effort] = ["medium"]
     learners: list[LearnerEntry]
     limits: LimitsConfig = LimitsConfig()
     prompts: Path | None = None
@@ -163,6 +153,25 @@ class GridConfig(_Strict):
         if not value:
             raise ValueError("at least one effort is needed")
         return value
+
+    def problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """What the field types cannot see, as (location, message): efforts the embedded model
+        lacks, and harness options their adapter does not declare or types differently (each
+        named harness's adapter module is imported for its declarations)."""
+        found = []
+        if self.model.endpoint == EMBEDDED:
+            found += [(("efforts", i), f"the embedded model has efforts {', '.join(EMBEDDED_EFFORTS)}, "
+                                       f"not {effort!r}")
+                      for i, effort in enumerate(self.efforts) if effort not in EMBEDDED_EFFORTS]
+        for harness, given in self.harness_options.items():
+            try:
+                adapter = registry.adapter(harness)
+            except Exception as exc:  # a broken adapter module is the grid's problem to report here
+                found.append((("harness_options", harness), f"its adapter does not load: {type(exc).__name__}: {exc}"))
+                continue
+            found += [(("harness_options", harness, key), message)
+                      for key, message in adapter.option_problems(given).items()]
+        return found
 
     def cells(self) -> list["Cell"]:
         out = []
@@ -221,6 +230,10 @@ def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[") or "(top level)"
+
+
 def load_grid(path: Path | str) -> GridConfig:
     """Read and validate a grid file; relative paths inside it are relative to the file."""
     path = Path(path)
@@ -241,10 +254,14 @@ def load_grid(path: Path | str) -> GridConfig:
         lines = []
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+            field = _field(loc)
             message = err['msg'].removeprefix('Value error, ')
-            lines.append(f"{path}:{_line_of(root, loc)}: {field or '(top level)'}: {message}")
+            lines.append(f"{path}:{_line_of(root, loc)}: {field}: {message}")
         raise GridFileError("\n".join(lines)) from None
+    problems = grid.problems()
+    if problems:
+        raise GridFileError("\n".join(f"{path}:{_line_of(root, loc)}: {_field(loc)}: {message}"
+                                      for loc, message in problems))
     base = path.parent
     for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts")):
         value = getattr(holder, attr)

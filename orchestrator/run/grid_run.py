@@ -22,21 +22,10 @@ from typing import Iterator
 
 import httpx
 import structlog
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.run.grid_config import (
-    EMBEDDED,
-    HARNESSES,
-    Cell,
-    GridConfig,
-    load_grid,
-)
+from harness_adapters import registry
+from orchestrator.run.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, load_grid
 
 log = structlog.get_logger("carc.grid")
 
@@ -182,9 +171,8 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
     with Console().status("preparing sandbox images ...") if show_progress else nullcontext():
         ensure_image("base", grid.sandbox.base)
         for name in harness_learners(grid):
-            from harness_adapters.harness import adapter_for
             ensure_image("proxy", grid.sandbox.base)
-            ensure_image(adapter_for(name).recipe.name, grid.sandbox.base)
+            ensure_image(registry.adapter(name).recipe, grid.sandbox.base)
     pruned = prune(run=run_dir.name)
     if pruned.containers:
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))

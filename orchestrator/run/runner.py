@@ -22,28 +22,11 @@ from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import (
-    Action,
-    DemoGiven,
-    Finished,
-    InstanceProtocol,
-    Malformed,
-    MalformedReply,
-    Outcome,
-    Refused,
-    Verdict,
-    extract_action,
-)
-from orchestrator.records import (
-    Event,
-    EventLog,
-    read_events,
-    truncate_torn_tail,
-    write_json,
-)
-from orchestrator.run.cell_services import cell_services, journal_dir
+from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol, Malformed, MalformedReply,
+                                   Outcome, Refused, Verdict, extract_action)
+from orchestrator.records import Event, EventLog, read_events, truncate_torn_tail, write_json
+from orchestrator.run.cell_services import cell_services, journal_dir, ladder_learner
 from orchestrator.run.grid_config import Cell, GridConfig
-from orchestrator.run.learners import build_learner
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
 from proxy.journal import JOURNAL_FILE, JournalTail
@@ -133,7 +116,7 @@ class CellRunner:
             endpoint = self.grid.model.endpoint_for(self.cell.effort, services.model_base_url)
             if services.proxy is not None:  # the proxy injects the real key; the learner has none
                 endpoint = endpoint.model_copy(update={"api_key_env": ""})
-            learner = services.harness or build_learner(
+            learner = services.harness or ladder_learner(
                 self.cell, self.state_dir, self.prompts, ChatModel(endpoint), services.executor)
             try:
                 with EventLog(self.events_path) as journal:
@@ -208,7 +191,7 @@ class CellRunner:
             turns_after_over = 0
             while not protocol.finished and step_no < MAX_TURNS:
                 if protocol.over:
-                    if not getattr(learner, "talks_after_verdict", False):
+                    if not learner.talks_after_verdict:
                         break
                     turns_after_over += 1
                     if turns_after_over > MAX_TURNS_AFTER_OVER:
@@ -253,12 +236,10 @@ class CellRunner:
         (self.transcripts / f"{slot.index:05d}.json").write_text(
             json.dumps(learner.transcript(), indent=1))
         self.services.state.snapshot(self.snapshots / f"{slot.index:05d}.tar.gz")
-        collect = getattr(self.services.state, "collect_logs", None)
-        if collect is not None:  # a harness's logs (also those outside the volume), per instance
-            try:
-                collect(self.cell_dir / "logs" / f"{slot.index:05d}")
-            except Exception as exc:  # a lost log must not lose the verdict
-                log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
+        try:  # a harness's logs (also those outside the volume), per instance
+            self.services.state.collect_logs(self.cell_dir / "logs" / f"{slot.index:05d}")
+        except Exception as exc:  # a lost log must not lose the verdict
+            log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
         if self.services.harness is not None:  # a harness does not count its calls; the proxy does
             usage = self._journal_usage(slot.index)
         journal.append(self._event(

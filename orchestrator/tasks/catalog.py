@@ -30,11 +30,7 @@ def track_sources(track, seed: int) -> TrackSources:
     """Build the sources of a `TrackConfig` (see orchestrator.run.grid_config) for a seed."""
     from orchestrator.tasks.frames import FramedSource
     from orchestrator.tasks.own_source import OwnSource
-    from orchestrator.tasks.public import (
-        PublicPairsSource,
-        arc1_tasks,
-        arc2_new_eval_tasks,
-    )
+    from orchestrator.tasks.public import PublicPairsSource, arc1_tasks, arc2_new_eval_tasks
 
     if track.name == "own" or track.source == "own":
         stream: TaskSource = OwnSource(split="stream")
