@@ -35,7 +35,7 @@ class InProcessSolver:
     def __init__(self, effort: str):
         self.effort = effort
 
-    def complete(self, messages):
+    def complete(self, messages, deadline=None):
         start = time.perf_counter()
         text = reply(read_conversation(messages), self.effort).text
         return ChatReply(text, Usage(1, 0, 0, time.perf_counter() - start, 0.0))

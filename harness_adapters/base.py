@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ class InstanceView:
     attempts_used: int = 0
     demos_used: int = 0
     history: tuple[StepRecord, ...] = ()
+    deadline: float | None = None  # time.monotonic() at which the instance's wall clock runs out
 
     @property
     def demos_bought(self) -> list[tuple[int, Demo]]:
@@ -68,7 +70,15 @@ class Learner(abc.ABC):
     def __init__(self, state_dir: Path, prompts: PromptSet):
         self.state_dir = state_dir
         self.prompts = prompts
+        self.deadline: float | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
+
+    def seconds_left(self, most: float) -> float:
+        """How long the next model call or harness turn may take: at most `most`, and no longer
+        than the instance's wall clock has left (`limits.wall_clock_s`), but never below 1 s."""
+        if self.deadline is None:
+            return most
+        return max(1.0, min(most, self.deadline - time.monotonic()))
 
     @abc.abstractmethod
     def begin(self, view: InstanceView) -> None:
@@ -115,6 +125,7 @@ class ChatLearner(Learner):
     def begin(self, view: InstanceView) -> None:
         """Open the conversation; on a resumed instance, rebuild it from the steps already taken."""
         self.task_id, self.test_input = view.task_id, view.test_input
+        self.deadline = view.deadline
         self.cached = self.cached_pairs(view.task_id)
         self.bought, self.pairs = [], list(self.cached)
         opening = self.prompts.instance_message(view.task_id, view.test_input, 0, 0,
@@ -139,7 +150,7 @@ class ChatLearner(Learner):
         """Hook for subclasses after the conversation is opened."""
 
     def act(self) -> Turn:
-        reply = self.model.complete(self.messages)
+        reply = self.model.complete(self.messages, deadline=self.deadline)
         self.messages.append({"role": "assistant", "content": reply.text})
         return Turn(text=reply.text, usage=reply.usage)
 

@@ -67,8 +67,12 @@ class ChatModel:
         self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
                                     timeout=endpoint.timeout_s, max_retries=endpoint.max_retries)
 
-    def complete(self, messages: list[dict[str, Any]]) -> ChatReply:
+    def complete(self, messages: list[dict[str, Any]], deadline: float | None = None) -> ChatReply:
+        """One chat completion; past `deadline` (time.monotonic(): the instance's wall clock) the
+        call is cut, never later than the endpoint's own timeout."""
         extra: dict[str, Any] = {}
+        if deadline is not None:
+            extra["timeout"] = max(1.0, min(self.endpoint.timeout_s, deadline - time.monotonic()))
         if self.endpoint.effort:
             extra["reasoning_effort"] = self.endpoint.effort
         if self.endpoint.max_tokens:

@@ -246,6 +246,7 @@ class ConversationHarness(Learner):
         self.session = f"carc-{uuid.uuid4().hex[:12]}"
         self.turns = []
         self.task_id = view.task_id
+        self.deadline = view.deadline
         self.open_conversation(self.session)
         self.open = True
         self.pending = "\n".join(self.opening_rules() + [self.prompts.instance_message(

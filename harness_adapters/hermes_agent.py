@@ -68,7 +68,7 @@ class HermesAgent(ConversationHarness):
 
     def _read(self, what: str) -> dict[str, Any]:
         try:
-            line = self.driver.read_line(TURN_TIMEOUT_S)
+            line = self.driver.read_line(self.seconds_left(TURN_TIMEOUT_S))
         except TimeoutError as exc:
             raise HarnessError(FailureKind.TIMEOUT, f"hermes while {what}: {exc}") from None
         stderr = self.driver.stderr.decode(errors="replace")[-800:]

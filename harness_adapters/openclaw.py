@@ -125,13 +125,13 @@ class OpenClaw(ConversationHarness):
         self.key = f"agent:main:explicit:{session.lower()}"
 
     def send(self, message: str) -> Turn:
-        job = json.dumps({"port": PORT, "session_key": self.key, "message": message,
-                          "timeout": TURN_TIMEOUT_S})
+        limit = self.seconds_left(TURN_TIMEOUT_S)
+        job = json.dumps({"port": PORT, "session_key": self.key, "message": message, "timeout": limit})
         result = self.sandbox.exec(["python3", "/opt/carc/openclaw_helper.py", "turn"], input=job,
                                    env={"OPENCLAW_GATEWAY_TOKEN": self.gateway.token},
-                                   timeout=TURN_TIMEOUT_S + 30)
+                                   timeout=limit + 30)
         if result.timed_out:
-            raise HarnessError(FailureKind.TIMEOUT, f"openclaw turn took over {TURN_TIMEOUT_S:g} s")
+            raise HarnessError(FailureKind.TIMEOUT, f"openclaw turn took over {limit:g} s")
         try:
             reply = json.loads(result.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):

@@ -318,7 +318,7 @@ class PrimeAgent(ConversationHarness):
 
     def send(self, message: str) -> Turn:
         started = time.monotonic()
-        messages = self.agent.call(lambda c: c.prompt(message))
+        messages = self.agent.call(lambda c: c.prompt(message, timeout=self.seconds_left(TURN_TIMEOUT_S)))
         last = messages[-1] if messages else {}
         if last.get("stopReason") in ("error", "aborted"):
             error = str(last.get("errorMessage") or last["stopReason"])

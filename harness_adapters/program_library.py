@@ -71,7 +71,7 @@ class ProgramLibrary(DemoCacheFloor):
                 return turn
         usage = Usage()
         for _ in range(MAX_CHECKS_PER_TURN):
-            reply = self.model.complete(self.messages)
+            reply = self.model.complete(self.messages, deadline=self.deadline)
             usage = usage + reply.usage
             self.messages.append({"role": "assistant", "content": reply.text})
             source = extract_program(reply.text)

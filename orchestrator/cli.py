@@ -36,11 +36,13 @@ def _fail(message: str) -> None:
 def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              resume: Optional[Path] = typer.Option(None, help="continue the run in this directory"),
              runs_dir: Path = typer.Option(Path("runs"), help="where new runs are created"),
-             run_id: Optional[str] = typer.Option(None, help="name of the new run directory"),
+             run_id: Optional[str] = typer.Option(None, help="name of the run directory (an existing "
+                                                  "one continues if it holds the same grid)"),
              workers: Optional[int] = typer.Option(None, help="cells run in parallel"),
              report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.analysis.report import write_report
+    from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
     from orchestrator.run.grid_run import execute, start_run
 
@@ -48,13 +50,13 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
         _fail("give a grid file, or --resume RUN_DIR (not both)")
     try:
         if resume is not None:
-            if not (resume / "grid.yaml").exists():
+            if not RunPaths(resume).grid.exists():
                 _fail(f"{resume}: not a run directory (no grid.yaml)")
             run_dir = resume
             execute(run_dir, workers)
         else:
             run_dir = start_run(grid, runs_dir, run_id, workers)
-    except (GridFileError, FileExistsError, ValueError, RuntimeError) as exc:
+    except (GridFileError, ValueError, RuntimeError) as exc:
         _fail(str(exc))
     console.print(f"run: {run_dir}")
     if report:
@@ -65,10 +67,10 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
 def _inspect_harness_cells(run_dir: Path) -> None:
     """A run with harness cells also gets the stores inspector's account (RUN/inspect/)."""
     from orchestrator.run.grid_config import HARNESSES, load_grid
-    from orchestrator.run.grid_run import run_grid_path
+    from orchestrator.records import RunPaths
     from stores_inspector import inspect_run
 
-    if not {c.learner for c in load_grid(run_grid_path(run_dir)).cells()} & HARNESSES:
+    if not {c.learner for c in load_grid(RunPaths(run_dir).grid).cells()} & HARNESSES:
         return
     try:
         folder = inspect_run(run_dir).write()

@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid
 from orchestrator.tasks.base import ArcInstance
@@ -43,6 +43,13 @@ class Limits:
     budget: int = 16
     max_malformed: int = 20
     wall_clock_s: float = 900.0
+
+
+# Why an instance failed (charged the full budget), as the records count it: the protocol's own
+# two caps, the runner's wall clock and empty conversation, and what went wrong with the learner
+# (a harness's own failure kinds: rate-limit, timeout, crash, bad-output, other).
+FailureKind = Literal["wrong-answers", "malformed", "wall-clock", "no-verdict", "model-unavailable",
+                      "learner-error", "rate-limit", "timeout", "crash", "bad-output", "other"]
 
 
 class Status(str, Enum):
@@ -205,6 +212,7 @@ class InstanceProtocol:
     malformed: int = 0
     status: Status = Status.OPEN
     failure_reason: str | None = None
+    failure_kind: FailureKind | None = None
     finished: bool = False
     first_submit_demos: int | None = None
     first_answer_correct: bool | None = None
@@ -244,11 +252,12 @@ class InstanceProtocol:
             return self._request_demo()
         return self._submit(action.grid)
 
-    def expire(self, reason: str) -> None:
+    def expire(self, reason: str, kind: FailureKind = "other") -> None:
         """Fail the instance from outside the conversation (wall-clock limit, learner crash)."""
         if not self.over:
             self.status = Status.FAILED
             self.failure_reason = reason
+            self.failure_kind = kind
 
     def _request_demo(self) -> Outcome:
         if self.demos_used >= self.limits.max_demos:
@@ -271,6 +280,7 @@ class InstanceProtocol:
         if self.wrong >= self.limits.max_wrong:
             self.status = Status.FAILED
             self.failure_reason = f"{self.limits.max_wrong} incorrect submissions"
+            self.failure_kind = "wrong-answers"
         return Verdict(False, self.over)
 
     def _malformed(self, reason: str) -> Outcome:
@@ -280,5 +290,6 @@ class InstanceProtocol:
         if self.malformed >= self.limits.max_malformed:
             self.status = Status.FAILED
             self.failure_reason = f"{self.limits.max_malformed} malformed actions"
+            self.failure_kind = "malformed"
             return MalformedReply(reason, over=True)
         return MalformedReply(reason, over=False)

@@ -1,17 +1,25 @@
-"""Run records: the append-only event log of a cell, its instance results, and their one serializer.
+"""The run folder: its layout (`RunPaths`, `CellPaths`), and its typed records with one serializer.
 
-Layout of a run directory (SPEC section 8):
-
-    runs/<run-id>/grid.yaml                  the grid as run (validated, normalised)
-    runs/<run-id>/cells/<cell-id>/cell.json  the cell's settings
-    .../events.jsonl                         one line per instance start, action, verdict, end
-    .../summary.json                         per-instance results and the cell's totals
-    .../transcripts/<slot>.json              the learner's conversation per instance
-    .../state/                               the learner's private state (volume for harnesses)
-    .../snapshots/<slot>.tar.gz              the state after each finished instance
+    runs/<run-id>/
+      grid.yaml                 the validated grid, paths resolved: the only grid resume reads
+      grid.original.yaml        the grid file as the user wrote it (for the audit)
+      prompts.yaml, labels.*    copies of the files the grid names, so the folder resumes alone
+      report.md, report.html    the report (orchestrator/analysis)
+      inspect/                  what the harnesses kept (stores_inspector)
+      logs/                     the embedded model servers' logs and usage counts
+      cells/<cell-id>/
+        cell.json               the cell's settings (`CellRecord`)
+        sandbox.json            how the cell was isolated (`SandboxRecord`)
+        events.jsonl            one fsynced `Event` per instance start, action + verdict, end
+        journal/                the proxy journal: journal.jsonl, raw/, slot.json
+        transcripts/<slot>.json the learner's conversation per instance
+        state/                  a ladder learner's private state (a harness's is its volume)
+        snapshots/<slot>.tar.gz the state after each finished instance (resume restores these)
+        logs/<slot>/            what a harness's logs gained during the instance
 
 Every event is written, flushed and fsynced before the learner is answered, so a killed run
 never loses a verdict the learner saw; resume replays the log and charges nothing twice.
+Every reader and writer of the folder takes its paths from here.
 """
 
 from __future__ import annotations
@@ -23,8 +31,120 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.protocol import FailureKind
+
 EventType = Literal["instance_start", "step", "instance_end", "resumed", "learner_error"]
 Phase = Literal["stream", "epilogue", "fresh"]
+# Version of the records below; readers take a record without one as format 1 (before wiped_before,
+# failure_kind and the typed cell and sandbox records).
+RECORDS_FORMAT = 2
+
+
+class RunPaths:
+    """Where everything of one run lives (the tree in the module docstring)."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self.grid = self.root / "grid.yaml"
+        self.grid_original = self.root / "grid.original.yaml"
+        self.cells = self.root / "cells"
+        self.logs = self.root / "logs"
+        self.report_md = self.root / "report.md"
+        self.report_html = self.root / "report.html"
+        self.inspect = self.root / "inspect"
+
+    @property
+    def name(self) -> str:
+        return self.root.resolve().name
+
+    def cell(self, cell_id: str) -> "CellPaths":
+        return CellPaths(self.cells / cell_id)
+
+    def cell_folders(self) -> list["CellPaths"]:
+        """Every cell folder of the run, by name."""
+        if not self.cells.is_dir():
+            return []
+        return [CellPaths(p) for p in sorted(self.cells.iterdir()) if p.is_dir()]
+
+
+class CellPaths:
+    """Where everything of one cell lives."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self.settings = self.root / "cell.json"
+        self.sandbox = self.root / "sandbox.json"
+        self.events = self.root / "events.jsonl"
+        self.journal = self.root / "journal"
+        self.transcripts = self.root / "transcripts"
+        self.state = self.root / "state"
+        self.snapshots = self.root / "snapshots"
+        self.logs = self.root / "logs"
+        self.lock = self.root / ".lock"
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def run(self) -> RunPaths:
+        return RunPaths(self.root.parent.parent)
+
+    def snapshot(self, slot: int) -> Path:
+        return self.snapshots / f"{slot:05d}.tar.gz"
+
+    def transcript(self, slot: int) -> Path:
+        return self.transcripts / f"{slot:05d}.json"
+
+    def slot_logs(self, slot: int) -> Path:
+        return self.logs / f"{slot:05d}"
+
+
+class CellRecord(BaseModel):
+    """`cell.json`: the settings of one cell (what the report and the inspector group by)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cell: str
+    label: str
+    learner: str
+    row: str = "memory-on"
+    model: str
+    effort: str
+    order: str
+    seed: int
+    track: str
+    format: int = 1
+
+    @classmethod
+    def read(cls, path: Path) -> "CellRecord":
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+    def write(self, path: Path) -> None:
+        write_json(path, self.model_dump())
+
+
+class SandboxRecord(BaseModel):
+    """`sandbox.json`: how a cell was isolated, for the audit (one key set for every cell)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    proxy: Literal["host-mitmdump", "container"] | None  # None: no journaling proxy
+    model_base_url: str  # what the learner called
+    upstream: str  # where the proxy forwarded to
+    program_checks: Literal["host-process", "docker"] | None = None  # where programs ran
+    image: str | None = None
+    container: str | None = None
+    harness: str | None = None
+    version: str | None = None  # the harness's pinned version
+    format: int = RECORDS_FORMAT
+
+    @classmethod
+    def read(cls, path: Path) -> "SandboxRecord":
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+    def write(self, path: Path) -> None:
+        write_json(path, self.model_dump())
 
 
 class Event(BaseModel):
@@ -40,6 +160,8 @@ class Event(BaseModel):
     visit: int
     exposure: int
     t: float  # unix time the event was written
+    format: int | None = None  # RECORDS_FORMAT, on instance_start and resumed (absent: format 1)
+    wiped_before: bool | None = None  # instance_start: the learner's state was emptied before it
     # step events
     step: int | None = None
     action: dict[str, Any] | None = None  # the parsed action, or {"malformed": reason}
@@ -65,6 +187,7 @@ class Event(BaseModel):
     first_answer_correct: bool | None = None
     wall_s: float | None = None
     error: str | None = None
+    failure_kind: FailureKind | None = None  # instance_end of a failed instance, and learner_error
 
     def line(self) -> str:
         return self.model_dump_json(exclude_none=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.records import Event
-from orchestrator.rows import STATELESS_ROWS
+from orchestrator.records import CellPaths, Event
+from orchestrator.rows import STATELESS_ROWS, row_name
 from proxy.journal import JournalEntry
 from stores_inspector.reading import Problems, read_json, read_jsonl
 
@@ -45,7 +45,7 @@ class Instance:
     first_submit_demos: int | None = None
     first_answer_correct: bool | None = None
 
-    wiped_before: bool = False  # carc emptied the state volume before this instance
+    wiped_before: bool | None = None  # carc emptied the state volume before this instance
 
     @property
     def returning(self) -> bool:
@@ -53,7 +53,7 @@ class Instance:
 
 
 @dataclass
-class CellRecords:
+class InspectedCell:
     name: str
     folder: Path
     settings: dict[str, Any]
@@ -65,14 +65,16 @@ class CellRecords:
     _starts: list[tuple[float, int]] = field(default_factory=list)
 
     @classmethod
-    def read(cls, folder: Path) -> "CellRecords":
+    def read(cls, folder: Path) -> "InspectedCell":
         problems = Problems(folder.name)
-        settings = read_json(_read(folder / "cell.json", problems, required=True), "cell.json", problems) or {}
-        sandbox = read_json(_read(folder / "sandbox.json", problems), "sandbox.json", problems) or {}
+        paths = CellPaths(folder)
+        settings = read_json(_read(paths.settings, problems, required=True), "cell.json", problems) or {}
+        sandbox = read_json(_read(paths.sandbox, problems), "sandbox.json", problems) or {}
         harness = sandbox.get("harness") or settings.get("learner")
         instances = _instances(folder, problems)
-        for instance in instances.values():  # as orchestrator/run/schedule.py decides it
-            instance.wiped_before = settings.get("row") in STATELESS_ROWS or instance.phase == "fresh"
+        for instance in instances.values():
+            if instance.wiped_before is None:  # format 1 records do not say: the row's rule then
+                instance.wiped_before = row_name(settings.get("row")) in STATELESS_ROWS or instance.phase == "fresh"
         records = cls(folder.name, folder, settings, harness, instances,
                       _journal(folder, problems), _transcripts(folder, problems), problems)
         records._starts = sorted((i.start_t, i.slot) for i in records.instances.values() if i.start_t)
@@ -147,6 +149,8 @@ def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
             event.slot, event.task, event.visit, event.exposure, event.phase))
         if event.type in ("instance_start", "resumed") and instance.start_t is None:
             instance.start_t = event.t
+        if event.type == "instance_start" and event.wiped_before is not None:
+            instance.wiped_before = event.wiped_before
         elif event.type == "step":
             if instance.first_action_t is None:
                 instance.first_action_t = event.t

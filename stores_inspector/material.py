@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from stores_inspector.cell import GRID, MIN_GRID_CHARS, CellRecords, compact_grid
+from stores_inspector.cell import GRID, MIN_GRID_CHARS, InspectedCell, compact_grid
 
 
 @dataclass
@@ -14,7 +14,7 @@ class TaskMaterial:
     grid_task: dict[str, str]  # compact grid -> the one task it belongs to
 
     @classmethod
-    def of(cls, records: CellRecords) -> "TaskMaterial":
+    def of(cls, records: InspectedCell) -> "TaskMaterial":
         tasks = sorted({i.task for i in records.instances.values()}, key=len, reverse=True)
         owners: dict[str, set[str]] = {}
         for task, grids in records.task_grids().items():

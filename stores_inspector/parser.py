@@ -147,7 +147,7 @@ class HarnessParser:
 class StoreContext:
     """What a parser may use besides the volume: the cell's records, task material, calls."""
 
-    records: Any  # CellRecords
+    records: Any  # InspectedCell
     material: Any  # TaskMaterial
     calls: list[Call]
     problems: Any  # Problems

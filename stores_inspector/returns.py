@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from stores_inspector.calls import Call
-from stores_inspector.cell import CellRecords, Instance
+from stores_inspector.cell import InspectedCell, Instance
 from stores_inspector.material import TaskMaterial
 from stores_inspector.parser import HarnessParser
 
@@ -63,7 +63,7 @@ def _lookup_results(calls: list[Call], parser: HarnessParser) -> list[str]:
     return results
 
 
-def build(records: CellRecords, parser: HarnessParser, material: TaskMaterial,
+def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial,
           calls: list[Call]) -> pd.DataFrame:
     agent_calls: dict[int, list[Call]] = {}
     for call in calls:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.records import RunPaths
 from stores_inspector import report, returns, timeline
-from stores_inspector.cell import CellRecords
+from stores_inspector.cell import InspectedCell
 from stores_inspector.material import TaskMaterial
 from stores_inspector.parser import StoreContext, parser_for
 
@@ -36,7 +37,7 @@ class InspectResult:
 
     def write(self, out_dir: Path | None = None) -> Path:
         """Tables as CSV (and parquet when pyarrow is installed) plus inspect.md; returns the folder."""
-        out_dir = Path(out_dir) if out_dir else self.run_dir / "inspect"
+        out_dir = Path(out_dir) if out_dir else RunPaths(self.run_dir).inspect
         out_dir.mkdir(parents=True, exist_ok=True)
         parquet = importlib.util.find_spec("pyarrow") is not None
         for name, frame in self.tables.items():
@@ -50,7 +51,7 @@ class InspectResult:
 
 def inspect_cell(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any], str]:
     """(tables, summary, markdown section) of one cell folder."""
-    records = CellRecords.read(folder)
+    records = InspectedCell.read(folder)
     parser = parser_for(records.harness)
     material = TaskMaterial.of(records)
     problems = records.problems
@@ -77,18 +78,23 @@ def inspect_cell(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any],
 def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
     """Inspect every cell of RUN (or only `cell`); nothing in a cell's stores can make it fail."""
     run_dir = Path(run_dir)
-    folders = sorted(p for p in (run_dir / "cells").glob("*") if p.is_dir())
+    folders = [c.root for c in RunPaths(run_dir).cell_folders()]
     if not folders:
         raise ValueError(f"{run_dir}: no cells/ folder with cells in it; is this a run directory?")
     if cell is not None:
         folders = [p for p in folders if p.name == cell]
         if not folders:
-            known = ", ".join(p.name for p in sorted((run_dir / "cells").glob("*")))
+            known = ", ".join(c.name for c in RunPaths(run_dir).cell_folders())
             raise ValueError(f"{run_dir}: no cell {cell!r}; cells: {known}")
     per_table: dict[str, list[pd.DataFrame]] = {}
     summaries, sections = [], []
     for folder in folders:
-        tables, summary, section = inspect_cell(folder)
+        try:
+            tables, summary, section = inspect_cell(folder)
+        except Exception as exc:  # a reader bug on one cell's stores must not lose the other cells
+            tables, summary = {}, {"cell": folder.name, "problem": f"{type(exc).__name__}: {exc}"[:500]}
+            section = (f"## {folder.name}\n\nThis cell could not be inspected ({summary['problem']}); "
+                       f"the other cells are unaffected. Please report it with the cell folder.\n")
         for name, frame in tables.items():
             per_table.setdefault(name, []).append(frame)
         summaries.append(summary)

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from stores_inspector.calls import Call, is_model_call, read_call
-from stores_inspector.cell import CellRecords, Instance
+from stores_inspector.cell import InspectedCell, Instance
 from stores_inspector.generic import file_diff
 from stores_inspector.material import TaskMaterial
 from stores_inspector.parser import Artifact, HarnessParser, strings
@@ -30,7 +30,7 @@ TIMELINE_COLUMNS = ["cell", "slot", "task", "visit", "change", "kind", "artifact
 RUN_COLUMNS = ["cell", "slot", "phase", "mechanism", "calls", "writes", "before_verdict", "t_start"]
 
 
-def read_calls(records: CellRecords, parser: HarnessParser) -> list[Call]:
+def read_calls(records: InspectedCell, parser: HarnessParser) -> list[Call]:
     """Every model call of the cell, with its slot and the mechanism that made it."""
     calls = []
     for entry in records.journal:
@@ -41,7 +41,7 @@ def read_calls(records: CellRecords, parser: HarnessParser) -> list[Call]:
     return calls
 
 
-def mechanism_runs(records: CellRecords, parser: HarnessParser, calls: list[Call]) -> pd.DataFrame:
+def mechanism_runs(records: InspectedCell, parser: HarnessParser, calls: list[Call]) -> pd.DataFrame:
     """Background runs: a run opens with a new request and goes on through its tool loop;
     a sweep mechanism (dreaming) groups its calls within two minutes."""
     rows: list[dict[str, Any]] = []
@@ -142,7 +142,7 @@ def _changes(before: dict[str, Artifact], after: dict[str, Artifact], wiped: boo
             + [("deleted", a) for k, a in before.items() if k not in after])
 
 
-def build(records: CellRecords, parser: HarnessParser, material: TaskMaterial, calls: list[Call],
+def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial, calls: list[Call],
           problems: Problems) -> tuple[pd.DataFrame, pd.DataFrame, Volume | None]:
     """(files, timeline, last volume) of a cell."""
     file_rows: list[dict[str, Any]] = []

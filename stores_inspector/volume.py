@@ -14,6 +14,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.records import CellPaths
 from stores_inspector.reading import Problems
 
 TEXT_LIMIT = 2_000_000  # bytes; larger files are hashed, not kept
@@ -87,7 +88,7 @@ class Volume:
 def snapshot_paths(cell_dir: Path) -> list[tuple[int, Path]]:
     """(slot, path) of every snapshot, in slot order."""
     found = []
-    for path in (cell_dir / "snapshots").glob("*.tar.gz"):
+    for path in CellPaths(cell_dir).snapshots.glob("*.tar.gz"):
         stem = path.name.removesuffix(".tar.gz")
         if stem.isdigit():
             found.append((int(stem), path))

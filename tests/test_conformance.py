@@ -16,7 +16,7 @@ import pytest
 
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import Event
-from orchestrator.run.conformance import (CellRecords, DockerObject, check_instances, check_journaling,
+from orchestrator.run.conformance import (ConformanceCell, DockerObject, check_instances, check_journaling,
                                           check_no_leak_in_requests, check_no_leak_in_snapshots,
                                           check_note_kept, check_note_returns, check_teardown,
                                           check_verdict_in_conversation, docker_objects, report_table,
@@ -78,13 +78,13 @@ def write_cell(folder: Path, remembers: bool, ends: list[int] | None = None,
 
 
 @pytest.fixture
-def on(tmp_path) -> CellRecords:
-    return CellRecords.load(write_cell(tmp_path / "on", remembers=True))
+def on(tmp_path) -> ConformanceCell:
+    return ConformanceCell.load(write_cell(tmp_path / "on", remembers=True))
 
 
 @pytest.fixture
-def off(tmp_path) -> CellRecords:
-    return CellRecords.load(write_cell(tmp_path / "off", remembers=False))
+def off(tmp_path) -> ConformanceCell:
+    return ConformanceCell.load(write_cell(tmp_path / "off", remembers=False))
 
 
 # --- persistence ----------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_memory_on_passes_when_the_first_note_is_kept_and_comes_back_on_the_retu
 
 
 def test_a_harness_that_forgets_fails_both_persistence_checks_separately(tmp_path):
-    forgetful = CellRecords.load(write_cell(tmp_path / "on", remembers=False))
+    forgetful = ConformanceCell.load(write_cell(tmp_path / "on", remembers=False))
     kept, back = check_note_kept(forgetful), check_note_returns(forgetful)
     assert not kept.ok and "has no" in kept.reason
     assert not back.ok and "opening request has no note" in back.reason
@@ -104,7 +104,7 @@ def test_a_harness_that_forgets_fails_both_persistence_checks_separately(tmp_pat
 
 def test_the_model_writing_the_note_again_on_the_return_is_not_persistence(tmp_path):
     """Only the request that opens the instance counts: later ones carry the model's own tool call."""
-    cell = CellRecords.load(write_cell(tmp_path / "on", remembers=False))
+    cell = ConformanceCell.load(write_cell(tmp_path / "on", remembers=False))
     assert NOTE.format(task=A) in cell.journal[4].request["messages"][0]["content"]  # slot 1, call 2
     assert not check_note_returns(cell).ok
 
@@ -117,7 +117,7 @@ def test_memory_off_passes_when_no_earlier_note_is_seen(off):
 
 
 def test_a_note_leaked_into_memory_off_fails_the_wipe_checks(tmp_path):
-    leaky = CellRecords.load(write_cell(tmp_path / "off", remembers=True))
+    leaky = ConformanceCell.load(write_cell(tmp_path / "off", remembers=True))
     requests, snapshots = check_no_leak_in_requests(leaky), check_no_leak_in_snapshots(leaky)
     assert not requests.ok and "slot 1 call 1" in requests.reason and A in requests.reason
     assert not snapshots.ok and f"slot 2 (task {B}) holds notes of ['{A}']" in snapshots.reason
@@ -128,7 +128,7 @@ def test_a_note_leaked_into_memory_off_fails_the_wipe_checks(tmp_path):
 def test_journaling_passes_with_404_probes_and_a_dropped_but_answered_call(on, off, tmp_path):
     extra = [entry(0, "before", "", 90, url="/api/tags", status=404, error="upstream answered HTTP 404"),
              entry(2, "after", "review", 91, error="Client disconnected.")]
-    probed = CellRecords.load(write_cell(tmp_path / "probed", True, extra_lines=extra))
+    probed = ConformanceCell.load(write_cell(tmp_path / "probed", True, extra_lines=extra))
     check = check_journaling({"memory-on": probed, "memory-off": off})
     assert check.ok, check.reason
     assert "1 answered calls the harness hung up on" in check.reason
@@ -138,21 +138,21 @@ def test_a_refused_host_or_a_failed_call_fails_journaling(tmp_path, off):
     extra = [entry(1, "before", "", 90, url="/", status=403, refused=True,
                    error="host pypi.org:443 is not on the proxy's allowlist"),
              entry(2, "before", "x", 91, status=None, error="Connection refused")]
-    bad = CellRecords.load(write_cell(tmp_path / "bad", True, extra_lines=extra))
+    bad = ConformanceCell.load(write_cell(tmp_path / "bad", True, extra_lines=extra))
     check = check_journaling({"memory-on": bad, "memory-off": off})
     assert not check.ok
     assert "pypi.org" in check.reason and "Connection refused" in check.reason
 
 
 def test_more_calls_counted_by_the_learner_than_journaled_fails_journaling(tmp_path):
-    counted = CellRecords.load(write_cell(tmp_path / "c", True, model_calls=5))
+    counted = ConformanceCell.load(write_cell(tmp_path / "c", True, model_calls=5))
     check = check_journaling({"memory-on": counted})
     assert not check.ok and "counted 5 model calls, the journal has 3" in check.reason
 
 
 def test_a_missing_journal_fails_journaling_with_the_path(on, tmp_path):
     (on.folder / "journal" / "journal.jsonl").unlink()
-    check = check_journaling({"memory-on": CellRecords.load(on.folder)})
+    check = check_journaling({"memory-on": ConformanceCell.load(on.folder)})
     assert not check.ok and "journal.jsonl: missing" in check.reason
 
 
@@ -160,7 +160,7 @@ def test_a_torn_journal_line_in_the_middle_is_a_failed_check_not_a_crash(on):
     path = on.folder / "journal" / "journal.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
-    records = CellRecords.load(on.folder)
+    records = ConformanceCell.load(on.folder)
     for check in (check_journaling({"memory-on": records}), check_note_returns(records),
                   check_verdict_in_conversation({"memory-on": records})):
         assert not check.ok and "journal.jsonl:2" in check.reason
@@ -174,7 +174,7 @@ def test_every_instance_ending_once_passes(on, off):
 
 
 def test_a_missing_instance_end_fails(tmp_path, off):
-    short = CellRecords.load(write_cell(tmp_path / "short", True, ends=[0, 1, 3]))
+    short = ConformanceCell.load(write_cell(tmp_path / "short", True, ends=[0, 1, 3]))
     check = check_instances({"memory-on": short, "memory-off": off}, expected=4)
     assert not check.ok and "memory-on: instance_end missing for slots [2]" in check.reason
 
@@ -185,13 +185,13 @@ def test_a_learner_error_or_a_repeated_end_fails(on):
     error = Event(type="learner_error", cell="c", slot=3, phase="stream", task=B, visit=1,
                   exposure=1, t=0.0, error="learner error: KeyError: 'final'")
     path.write_text(path.read_text() + ends[0] + "\n" + error.line() + "\n")
-    check = check_instances({"memory-on": CellRecords.load(on.folder)}, expected=4)
+    check = check_instances({"memory-on": ConformanceCell.load(on.folder)}, expected=4)
     assert not check.ok
     assert "repeated for [0]" in check.reason and "KeyError: 'final'" in check.reason
 
 
 def test_an_empty_cell_folder_fails_every_check_with_a_reason(tmp_path):
-    empty = CellRecords.load(tmp_path / "never-ran")
+    empty = ConformanceCell.load(tmp_path / "never-ran")
     checks = [check_note_kept(empty), check_note_returns(empty), check_no_leak_in_requests(empty),
               check_no_leak_in_snapshots(empty), check_journaling({"memory-on": empty}),
               check_instances({"memory-on": empty}, 4), check_verdict_in_conversation({"memory-on": empty})]
@@ -216,7 +216,7 @@ def test_a_verdict_sent_to_a_new_conversation_fails(tmp_path):
     path = folder / "journal" / "journal.jsonl"
     path.write_text(path.read_text().replace("Task id: own-task-a\\ncarc-note", "carc-note")
                     .replace("Task id: own-task-b\\ncarc-note", "carc-note"))
-    check = check_verdict_in_conversation({"memory-on": CellRecords.load(folder)})
+    check = check_verdict_in_conversation({"memory-on": ConformanceCell.load(folder)})
     assert not check.ok and "no call after a verdict" in check.reason
 
 

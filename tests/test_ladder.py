@@ -27,7 +27,7 @@ class ScriptedModel:
         self.replies = list(replies)
         self.seen = []
 
-    def complete(self, messages):
+    def complete(self, messages, deadline=None):
         self.seen.append([dict(m) for m in messages])
         return ChatReply(self.replies.pop(0), Usage(1, 10, 5, 0.01, 0.0))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator.records import RunPaths, read_events
 from proxy.journal import JOURNAL_FILE, read_journal
 
 TITLE = "Model calls (proxy journal)"
@@ -27,8 +28,8 @@ COLUMNS = ["cell", "calls", "refused", "404 probes", "errors", "after verdict", 
 def journal_frame(run_dir: Path) -> pd.DataFrame:
     """One row per journal line of every cell of the run."""
     rows = []
-    for cell_dir in sorted((run_dir / "cells").iterdir()):
-        path = cell_dir / "journal" / JOURNAL_FILE
+    for cell_dir in RunPaths(run_dir).cell_folders():
+        path = cell_dir.journal / JOURNAL_FILE
         if not path.exists():
             continue
         for entry in read_journal(path):
@@ -45,8 +46,7 @@ def journal_frame(run_dir: Path) -> pd.DataFrame:
 
 def instance_walls(run_dir: Path, cell: str) -> dict[int, float]:
     """Wall seconds of each finished instance of a cell, by slot (its events)."""
-    from orchestrator.records import read_events
-    path = run_dir / "cells" / cell / "events.jsonl"
+    path = RunPaths(run_dir).cell(cell).events
     if not path.exists():
         return {}
     return {e.slot: e.wall_s for e in read_events(path) if e.type == "instance_end" and e.wall_s is not None}

@@ -21,7 +21,7 @@ import yaml
 from orchestrator.analysis import measures, plots, report_html, tables
 from orchestrator.analysis.journal_summary import TITLE as JOURNAL_TITLE
 from orchestrator.analysis.journal_summary import journal_section
-from orchestrator.records import Event, read_events
+from orchestrator.records import Event, RunPaths, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
 LADDER_ORDER = ("stateless-floor", "demo-cache-floor", "program-library", "program-library-wiped")
@@ -34,10 +34,8 @@ def load_run(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[E
     report order."""
     cells: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
-    cells_dir = run_dir / "cells"
-    folders = sorted(p for p in cells_dir.iterdir() if p.is_dir()) if cells_dir.is_dir() else []
-    for folder in folders:
-        meta = folder / "cell.json"
+    for folder in RunPaths(run_dir).cell_folders():
+        meta = folder.settings
         if not meta.exists():
             raise FileNotFoundError(f"{meta}: missing; every cell folder needs the cell.json the "
                                     "runner writes (remove the folder or rerun the cell)")
@@ -47,7 +45,7 @@ def load_run(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[E
             raise ValueError(f"{meta}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
         cell_id = str(settings.get("cell") or folder.name)
         cells[cell_id] = settings
-        events[cell_id] = read_events(folder / "events.jsonl")
+        events[cell_id] = read_events(folder.events)
     order = sorted(cells, key=lambda c: _cell_sort_key(cells[c]))
     return {c: cells[c] for c in order}, {c: events[c] for c in order}
 
@@ -63,7 +61,7 @@ def _cell_sort_key(settings: Mapping[str, Any]) -> tuple:
 
 
 def _grid_name(run_dir: Path) -> str | None:
-    path = run_dir / "grid.yaml"
+    path = RunPaths(run_dir).grid
     if not path.exists():
         return None
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -443,11 +441,11 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
         sections[JOURNAL_TITLE] = calls
     unfinished = measures.unfinished_instances(events)
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
-    path = run_dir / "report.md"
+    path = RunPaths(run_dir).report_md
     _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections))
     figures = report_figures(frame, result, np.random.default_rng([seed, _FIGURE_STREAM]),
                              resamples)
-    _write(run_dir / "report.html", report_html.render_html(
+    _write(RunPaths(run_dir).report_html, report_html.render_html(
         _title(run_id, grid_name), _intro(result, resamples, seed),
         report_sections(result, unfinished, sections), figures))
     return path

@@ -22,8 +22,9 @@ from harness_adapters.base import Learner
 from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.prompts import PromptSet
-from orchestrator.records import write_json
+from orchestrator.records import CellPaths, SandboxRecord
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
+from proxy.host import CONTROL_FILE
 from sandboxes.environment import StateVolume
 
 
@@ -86,7 +87,7 @@ class CellServices:
 
 
 def journal_dir(cell_dir: Path) -> Path:
-    return cell_dir / "journal"
+    return CellPaths(cell_dir).journal
 
 
 def ladder_learner(cell: Cell, state_dir: Path, prompts: PromptSet, model: ChatModel,
@@ -117,22 +118,23 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
                 key_env=grid.model.api_key_env, mode="reverse"))
             base_url = proxy.base_url
         executor: ProgramExecutor = local_executor
-        record = {"proxy": "host-mitmdump" if proxy else None, "model_base_url": base_url,
-                  "upstream": upstream, "program_checks": "host-process"}
+        record = SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url,
+                               upstream=upstream, program_checks="host-process")
         if cell.learner == "program-library" and grid.sandbox.engine == "docker":
             from sandboxes.docker_sandbox import DockerSandbox, Limits, SandboxSpec
             from sandboxes.images import ensure_image
 
-            spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=cell_dir.parent.parent.name,
+            spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=CellPaths(cell_dir).run.name,
                                cell=cell.cell, proxy=None, volume=False,
                                limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory,
                                              pids=grid.sandbox.pids))
             sandbox = DockerSandbox(spec).start()
             stack.callback(sandbox.teardown)
             executor = SandboxExecutor(sandbox)
-            record.update(program_checks="docker", image=spec.image, container=sandbox.container.name)
-        write_json(cell_dir / "sandbox.json", record)  # how this cell was isolated, for the audit
-        yield CellServices(base_url, HostStateDir(cell_dir / "state"), executor, proxy)
+            record = record.model_copy(update={"program_checks": "docker", "image": spec.image,
+                                               "container": sandbox.container.name})
+        record.write(CellPaths(cell_dir).sandbox)  # how this cell was isolated, for the audit
+        yield CellServices(base_url, HostStateDir(CellPaths(cell_dir).state), executor, proxy)
 
 
 @contextmanager
@@ -144,7 +146,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
 
     adapter = registry.adapter(cell.learner)
     spec = SandboxSpec(
-        ensure_image(adapter.recipe, grid.sandbox.base), run=cell_dir.parent.parent.name, cell=cell.cell,
+        ensure_image(adapter.recipe, grid.sandbox.base), run=CellPaths(cell_dir).run.name, cell=cell.cell,
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
                         key_env=grid.model.api_key_env),
         limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids))
@@ -155,11 +157,10 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
         state = adapter.make_state(harness_cell)
         state.restore(None)  # an empty volume with the harness's config: a fresh start
         learner = adapter.make_learner(harness_cell)
-        write_json(cell_dir / "sandbox.json", {
-            "proxy": "container", "model_base_url": sandbox.reverse_base_url(), "upstream": upstream,
-            "image": spec.image, "container": sandbox.container.name, "program_checks": None,
-            "harness": adapter.name, "version": adapter.version})
+        SandboxRecord(proxy="container", model_base_url=sandbox.reverse_base_url(), upstream=upstream,
+                      image=spec.image, container=sandbox.container.name, harness=adapter.name,
+                      version=adapter.version).write(CellPaths(cell_dir).sandbox)
         yield CellServices(sandbox.reverse_base_url(), state, local_executor,
-                           ControlFile(journal_dir(cell_dir) / "slot.json"), learner)
+                           ControlFile(journal_dir(cell_dir) / CONTROL_FILE), learner)
     finally:
         sandbox.teardown()

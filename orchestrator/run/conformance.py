@@ -98,7 +98,7 @@ def print_report(report: ConformanceReport, console: Console | None = None) -> N
 # --- reading a cell folder ----------------------------------------------------------------------
 
 @dataclass
-class CellRecords:
+class ConformanceCell:
     """What the checks read of one cell folder; `unreadable` says which record could not be read
     ("events" or "journal") and why."""
 
@@ -108,7 +108,7 @@ class CellRecords:
     unreadable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, folder: Path) -> "CellRecords":
+    def load(cls, folder: Path) -> "ConformanceCell":
         records = cls(folder)
         events, journal = folder / "events.jsonl", folder / "journal" / "journal.jsonl"
         if not folder.is_dir():
@@ -180,7 +180,7 @@ def snapshot_notes(path: Path) -> set[str]:
     return found
 
 
-def _unreadable(name: str, records: CellRecords, label: str,
+def _unreadable(name: str, records: ConformanceCell, label: str,
                 needs: tuple[str, ...] = ("events", "journal")) -> Check | None:
     """A failed check when a record the check needs is missing (or has no instances)."""
     problems = list(dict.fromkeys(records.unreadable[n] for n in needs if n in records.unreadable))
@@ -196,7 +196,7 @@ def _has_verdict(entry: JournalEntry, task: str) -> bool:
 
 # --- the checks ---------------------------------------------------------------------------------
 
-def check_note_kept(on: CellRecords) -> Check:
+def check_note_kept(on: ConformanceCell) -> Check:
     """(a) memory-on's snapshot after the last instance still holds the first instance's note."""
     name = "persistence: note kept in state"
     if failed := _unreadable(name, on, "memory-on", ("events",)):
@@ -214,7 +214,7 @@ def check_note_kept(on: CellRecords) -> Check:
                  f"the harness's memory did not land on /state or was not kept")
 
 
-def check_note_returns(on: CellRecords) -> Check:
+def check_note_returns(on: ConformanceCell) -> Check:
     """(a) the first instance's note is in the opening request of a returning instance."""
     name = "persistence: note back in a request"
     if failed := _unreadable(name, on, "memory-on"):
@@ -239,7 +239,7 @@ def check_note_returns(on: CellRecords) -> Check:
                  "into a new conversation)")
 
 
-def check_no_leak_in_requests(off: CellRecords) -> Check:
+def check_no_leak_in_requests(off: ConformanceCell) -> Check:
     """(b) memory-off never sends the model a note written on an earlier instance."""
     name = "wipe: no earlier note in requests"
     if failed := _unreadable(name, off, "memory-off"):
@@ -259,7 +259,7 @@ def check_no_leak_in_requests(off: CellRecords) -> Check:
     return Check(name, True, f"{len(off.journal)} requests, none with an earlier note")
 
 
-def check_no_leak_in_snapshots(off: CellRecords) -> Check:
+def check_no_leak_in_snapshots(off: ConformanceCell) -> Check:
     """(b) each memory-off snapshot holds at most the current instance's note."""
     name = "wipe: snapshots hold only the current note"
     if failed := _unreadable(name, off, "memory-off", ("events",)):
@@ -295,7 +295,7 @@ def journal_failure(entry: JournalEntry) -> bool:
     return bool(failed) and not expected_probe(entry) and not client_abort(entry)
 
 
-def check_journaling(cells: dict[str, CellRecords]) -> Check:
+def check_journaling(cells: dict[str, ConformanceCell]) -> Check:
     """(c) every slot and every learner-counted call has a journal line; no journal errors."""
     name = "journaling"
     problems, lines, aborts = [], 0, 0
@@ -323,7 +323,7 @@ def check_journaling(cells: dict[str, CellRecords]) -> Check:
     return Check(name, True, f"{lines} journal lines, every slot and counted call journaled{dropped}")
 
 
-def check_instances(cells: dict[str, CellRecords], expected: int | None) -> Check:
+def check_instances(cells: dict[str, ConformanceCell], expected: int | None) -> Check:
     """(d) every instance ended exactly once with a protocol status; no learner errors."""
     name = "instances end once, replies parsed"
     problems, malformed = [], 0
@@ -353,7 +353,7 @@ def check_instances(cells: dict[str, CellRecords], expected: int | None) -> Chec
     return Check(name, True, f"every instance ended once; {malformed} malformed replies answered")
 
 
-def check_verdict_in_conversation(cells: dict[str, CellRecords]) -> Check:
+def check_verdict_in_conversation(cells: dict[str, ConformanceCell]) -> Check:
     """(e) a call after the verdict carries both the verdict and the instance's task id."""
     name = "verdict in the same conversation"
     problems, found = [], []
@@ -462,7 +462,7 @@ def run_conformance(name: str, workdir: Path, tasks: int = 2, visits: int = 2, s
         prune(run=run_id)
     except Exception:  # the teardown check already says what was left
         pass
-    records = {row: CellRecords.load(run_dir / "cells" / cell.cell) for row, cell in cells.items()}
+    records = {row: ConformanceCell.load(run_dir / "cells" / cell.cell) for row, cell in cells.items()}
     on, off = records["memory-on"], records["memory-off"]
     report = ConformanceReport(name, run_id, run_dir, [
         ran, check_note_kept(on), check_note_returns(on),

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness_adapters import registry
 from harness_adapters.chat_model import ModelEndpoint
 from orchestrator.protocol import Limits
+from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.rows import label
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
 
@@ -208,8 +209,8 @@ class Cell(_Strict):
     def cell(self) -> str:
         return f"{self.label}.{self.effort}.{self.order}.s{self.seed}"
 
-    def record(self) -> dict[str, Any]:
-        return {"cell": self.cell, "label": self.label, **self.model_dump()}
+    def record(self) -> CellRecord:
+        return CellRecord(cell=self.cell, label=self.label, format=RECORDS_FORMAT, **self.model_dump())
 
 
 def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
@@ -268,3 +269,70 @@ def load_grid(path: Path | str) -> GridConfig:
         if value is not None and not value.is_absolute():
             setattr(holder, attr, (base / value).resolve())
     return grid
+
+
+# --- the grid of a run folder ---------------------------------------------------------------------
+
+# Files a grid names that are copied into the run folder, so a run resumes from its folder alone
+# (Re-ARC's checkout is a folder of code, not copied: its absolute path is kept).
+_COPIED = ((("prompts",), "prompts"), (("track", "labels"), "labels"))
+
+
+def run_grid_data(grid: GridConfig) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The validated grid as the run folder stores it, and the files to copy beside it: name in
+    the run folder -> source. Every path in the stored grid is absolute or relative to it."""
+    data = grid.model_dump(mode="json")
+    copies = {}
+    for keys, stem in _COPIED:
+        holder = data
+        for key in keys[:-1]:
+            holder = holder[key]
+        if holder.get(keys[-1]):
+            source = Path(holder[keys[-1]])
+            name = f"{stem}{source.suffix}"
+            copies[name] = source
+            holder[keys[-1]] = name
+    return data, copies
+
+
+def write_run_grid(grid: GridConfig, original: Path, run_root: Path) -> Path:
+    """Write `grid.yaml` (validated, paths resolved), `grid.original.yaml` and the copied files."""
+    data, copies = run_grid_data(grid)
+    for name, source in copies.items():
+        try:
+            (run_root / name).write_bytes(source.read_bytes())
+        except OSError as exc:
+            raise GridFileError(f"{original}: cannot copy {source} into the run folder: {exc.strerror}") from None
+    RunPaths(run_root).grid_original.write_bytes(Path(original).read_bytes())
+    path = RunPaths(run_root).grid
+    path.write_text("# the validated grid of this run; resume reads only this file\n"
+                    + yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def grid_differences(stored: GridConfig, given: GridConfig) -> list[str]:
+    """Where two grids differ (the files they name compared by content), as `field: a != b`."""
+    def flat(grid: GridConfig) -> dict[str, Any]:
+        data, copies = run_grid_data(grid)
+        for name, source in copies.items():
+            data[f"file {name}"] = source.read_bytes() if source.exists() else None
+        out: dict[str, Any] = {}
+
+        def walk(value: Any, prefix: str) -> None:
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    walk(item, f"{prefix}.{key}" if prefix else str(key))
+            else:
+                out[prefix] = value
+        walk(data, "")
+        return out
+
+    a, b = flat(stored), flat(given)
+    return [f"{key}: {_short(a.get(key))} != {_short(b.get(key))}"
+            for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key) and not key.startswith("file ")] + \
+        [f"{key[5:]} differs" for key in dict.fromkeys([*a, *b]) if key.startswith("file ") and a.get(key) != b.get(key)]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

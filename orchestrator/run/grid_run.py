@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +24,9 @@ import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness_adapters import registry
-from orchestrator.run.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, load_grid
+from orchestrator.records import RunPaths
+from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid,
+                                         write_run_grid)
 
 log = structlog.get_logger("carc.grid")
 
@@ -123,33 +124,31 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
     return cell.cell
 
 
-def new_run_dir(grid: GridConfig, runs_dir: Path, run_id: str | None) -> Path:
-    run_id = run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{grid.name}"
-    run_dir = runs_dir / run_id
-    if run_dir.exists():
-        raise FileExistsError(f"{run_dir} exists; resume it with `carc grid run --resume {run_dir}`")
-    (run_dir / "cells").mkdir(parents=True)
-    return run_dir
+class GridMismatch(ValueError):
+    """A run folder was asked to continue with a grid other than the one it was started with."""
 
 
 def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
               workers: int | None = None) -> Path:
+    """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is
+    continued when the grid is the same one, and refused naming the differences when not."""
     grid = load_grid(grid_path)
-    run_dir = new_run_dir(grid, runs_dir, run_id)
-    shutil.copyfile(grid_path, run_dir / "grid.yaml")
-    # Paths inside the grid were relative to its file; the copy keeps them resolvable.
-    (run_dir / "grid.source").write_text(str(Path(grid_path).resolve()) + "\n")
-    execute(run_dir, workers)
-    return run_dir
+    run = RunPaths(runs_dir / (run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{grid.name}"))
+    if run.grid.exists():
+        differences = grid_differences(load_grid(run.grid), grid)
+        if differences:
+            raise GridMismatch(f"{run.root} was started with another grid: {'; '.join(differences[:8])}. "
+                               f"Continue it with `carc grid run --resume {run.root}`, or give another --run-id")
+    else:
+        run.cells.mkdir(parents=True, exist_ok=True)
+        write_run_grid(grid, Path(grid_path), run.root)
+    execute(run.root, workers)
+    return run.root
 
 
 def run_grid_path(run_dir: Path) -> Path:
-    source = run_dir / "grid.source"
-    if source.exists():
-        original = Path(source.read_text().strip())
-        if original.exists() and original.read_bytes() == (run_dir / "grid.yaml").read_bytes():
-            return original
-    return run_dir / "grid.yaml"
+    """The grid a run folder runs: its own validated copy, whatever became of the original."""
+    return RunPaths(run_dir).grid
 
 
 def needs_docker(grid: GridConfig) -> bool:
@@ -209,14 +208,14 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
         from sandboxes.images import docker_client
         from sandboxes.networks import host_address
         host = host_address(docker_client())
-    with model_service(grid, run_dir / "logs", servers, host) as urls:
+    with model_service(grid, RunPaths(run_dir).logs, servers, host) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
         with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                            initargs=(events,)) as pool:
             bars = {c.cell: progress.add_task(c.cell, total=None, start=False) for c in cells}
             futures = {pool.submit(_run_cell, str(grid_path), c.model_dump_json(),
-                                   str(run_dir / "cells" / c.cell), urls[k % len(urls)]): c
+                                   str(RunPaths(run_dir).cell(c.cell).root), urls[k % len(urls)]): c
                        for k, c in enumerate(cells)}
             pending = set(futures)
             failures = []

@@ -20,12 +20,13 @@ import structlog
 
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
+from harness_adapters.harness import HarnessError
 from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol, Malformed, MalformedReply,
-                                   Outcome, Refused, Verdict, extract_action)
-from orchestrator.records import Event, EventLog, read_events, truncate_torn_tail, write_json
-from orchestrator.run.cell_services import cell_services, journal_dir, ladder_learner
+from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, InstanceProtocol, Malformed,
+                                   MalformedReply, Outcome, Refused, Verdict, extract_action)
+from orchestrator.records import RECORDS_FORMAT, CellPaths, Event, EventLog, read_events, truncate_torn_tail
+from orchestrator.run.cell_services import cell_services, ladder_learner
 from orchestrator.run.grid_config import Cell, GridConfig
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
@@ -84,19 +85,18 @@ class CellRunner:
     progress: Callable[[int, int], None] = lambda done, total: None
 
     def __post_init__(self) -> None:
-        self.events_path = self.cell_dir / "events.jsonl"
-        self.state_dir = self.cell_dir / "state"
-        self.snapshots = self.cell_dir / "snapshots"
+        self.paths = CellPaths(self.cell_dir)
+        self.events_path = self.paths.events
+        self.state_dir = self.paths.state
         self.journal_tail: JournalTail | None = None
-        self.transcripts = self.cell_dir / "transcripts"
-        for folder in (self.state_dir, self.snapshots, self.transcripts):
+        for folder in (self.paths.state, self.paths.snapshots, self.paths.transcripts):
             folder.mkdir(parents=True, exist_ok=True)
-        write_json(self.cell_dir / "cell.json", self.cell.record())
+        self.cell.record().write(self.paths.settings)
         self.limits = self.grid.limits.limits()
         self.prompts = PromptSet.load(self.grid.prompts)
 
     def run(self) -> None:
-        lock = open(self.cell_dir / ".lock", "w")
+        lock = open(self.paths.lock, "w")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -136,7 +136,7 @@ class CellRunner:
     def _journal_usage(self, slot: int) -> Usage:
         """This instance's model calls as the cell's proxy journaled them (those made so far)."""
         if self.journal_tail is None:
-            self.journal_tail = JournalTail(journal_dir(self.cell_dir) / JOURNAL_FILE)
+            self.journal_tail = JournalTail(self.paths.journal / JOURNAL_FILE)
         mine = [e for e in self.journal_tail.new_entries()
                 if e.slot == slot and not e.refused and e.api != "other"]  # not endpoint probes
         return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
@@ -147,7 +147,7 @@ class CellRunner:
 
     def _restore(self, previous: ScheduledSlot | None) -> None:
         """Put the state back as it was after the last finished instance (empty before the first)."""
-        source = None if previous is None else self.snapshots / f"{previous.index:05d}.tar.gz"
+        source = None if previous is None else self.paths.snapshot(previous.index)
         self.services.state.restore(source)
 
     # --- one instance -------------------------------------------------------------------------
@@ -178,14 +178,19 @@ class CellRunner:
                 usage = usage + Usage(event.model_calls or 0, event.prompt_tokens or 0,
                                       event.completion_tokens or 0, event.model_s or 0.0,
                                       event.cost_usd or 0.0)
-            journal.append(self._event("resumed", slot, step=len(history), cost=protocol.cost))
+            journal.append(self._event("resumed", slot, step=len(history), cost=protocol.cost,
+                                       format=RECORDS_FORMAT))
         else:
-            journal.append(self._event("instance_start", slot))
+            journal.append(self._event("instance_start", slot, format=RECORDS_FORMAT,
+                                       wiped_before=slot.wipe_before))
         start = time.monotonic()
-        learner_error = None
+        deadline = start + self.limits.wall_clock_s
+        learner_error: tuple[str, FailureKind] | None = None
         step_no = len(history)
+        # The deadline reaches the learner: a harness turn or model call is cut at the wall clock.
         view = InstanceView(slot.task_id, instance.test_input, protocol.wrong,
-                            protocol.demos_used, tuple(history))
+                            protocol.demos_used, tuple(history), deadline=deadline)
+        wall_clock = f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded"
         try:
             learner.begin(view)
             turns_after_over = 0
@@ -198,8 +203,8 @@ class CellRunner:
                         break
                 turn = learner.act()
                 action = turn.action if turn.action is not None else extract_action(turn.text)
-                if time.monotonic() - start > self.limits.wall_clock_s:
-                    protocol.expire(f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded")
+                if time.monotonic() > deadline:
+                    protocol.expire(wall_clock, "wall-clock")
                     break
                 outcome = protocol.step(action)
                 step_no += 1
@@ -219,32 +224,37 @@ class CellRunner:
                     self.services.set_slot(slot.index, "after")
                 learner.observe(outcome, protocol.wrong, protocol.demos_used)
         except ModelUnavailable as exc:
-            learner_error = f"model unavailable: {exc}"
+            learner_error = f"model unavailable: {exc}", "model-unavailable"
+        except HarnessError as exc:
+            learner_error = str(exc), exc.kind.value
         except Exception as exc:  # a learner bug must not take the run down; it fails the instance
-            learner_error = f"learner error: {type(exc).__name__}: {exc}"
+            learner_error = f"learner error: {type(exc).__name__}: {exc}", "learner-error"
             log.exception("learner_error", cell=self.cell.cell, slot=slot.index)
         if learner_error:
-            journal.append(self._event("learner_error", slot, error=learner_error[:2000]))
-            protocol.expire(learner_error[:300])
+            error, kind = learner_error
+            journal.append(self._event("learner_error", slot, error=error[:2000], failure_kind=kind))
+            if time.monotonic() > deadline:  # the turn was cut at the wall clock: that is why
+                protocol.expire(wall_clock, "wall-clock")
+            protocol.expire(error[:300], kind)
         elif not protocol.over:
-            protocol.expire(f"the conversation ended after {step_no} turns without a verdict")
+            protocol.expire(f"the conversation ended after {step_no} turns without a verdict", "no-verdict")
         try:
             learner.end(protocol.status.value == "solved")
         except Exception as exc:
             log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
             journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
-        (self.transcripts / f"{slot.index:05d}.json").write_text(
-            json.dumps(learner.transcript(), indent=1))
-        self.services.state.snapshot(self.snapshots / f"{slot.index:05d}.tar.gz")
+        self.paths.transcript(slot.index).write_text(json.dumps(learner.transcript(), indent=1))
+        self.services.state.snapshot(self.paths.snapshot(slot.index))
         try:  # a harness's logs (also those outside the volume), per instance
-            self.services.state.collect_logs(self.cell_dir / "logs" / f"{slot.index:05d}")
+            self.services.state.collect_logs(self.paths.slot_logs(slot.index))
         except Exception as exc:  # a lost log must not lose the verdict
             log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
         if self.services.harness is not None:  # a harness does not count its calls; the proxy does
             usage = self._journal_usage(slot.index)
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
-            reason=protocol.failure_reason, demos_used=protocol.demos_used,
+            reason=protocol.failure_reason, failure_kind=protocol.failure_kind,
+            demos_used=protocol.demos_used,
             attempts_used=protocol.wrong, malformed=protocol.malformed,
             first_submit_demos=protocol.first_submit_demos,
             first_answer_correct=protocol.first_answer_correct,
