@@ -16,7 +16,8 @@ import openai
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field
 
-PLACEHOLDER_KEY = "carc-placeholder-key"
+from proxy.host import PLACEHOLDER_KEY
+
 
 
 class ModelEndpoint(BaseModel):

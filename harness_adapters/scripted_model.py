@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from solver_model.conversation import message_text
-from solver_model.server import _answer
+from solver_model.server import answer_conversation
 
 NOTE = "carc-note: task {task} was seen"
 _TASK = re.compile(r"Task id: (\S+)")
@@ -82,7 +82,7 @@ def decide(messages: list[dict[str, Any]], effort: str = "low",
             "function": {"name": writer, "arguments": json.dumps(args)}}]}
     plain = [{"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m)}
              for m in messages if m.get("role") in ("system", "developer", "user", "assistant") and _text(m)]
-    return {"content": _answer(plain, effort, None, None).text}
+    return {"content": answer_conversation(plain, effort).text}
 
 
 def create_app() -> FastAPI:

@@ -10,7 +10,8 @@ import docker.errors
 import httpx
 
 from harness_adapters.registry import harness_recipes
-from sandboxes.images import RECIPES, REGISTRY_BASE, ImageBuildError, cache_dir, offline_base_tag, render
+from proxy.host import CA_CERT_FILE, default_confdir
+from sandboxes.images import RECIPES, REGISTRY_BASE, ImageBuildError, offline_base_tag, render
 from sandboxes.networks import NoGatewayError, host_address
 
 
@@ -86,7 +87,7 @@ def check_images(client: docker.DockerClient) -> list[Check]:
 
 
 def check_proxy_ca() -> Check:
-    ca = cache_dir() / "mitmproxy-ca" / "mitmproxy-ca-cert.pem"
+    ca = default_confdir() / CA_CERT_FILE
     if ca.exists():
         return Check("proxy CA", True, str(ca))
     return Check("proxy CA", False, f"{ca} not made yet",

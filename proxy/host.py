@@ -29,10 +29,13 @@ from urllib.parse import urlsplit
 from proxy.journal import (JOURNAL_FILE, READY_FILE, JournalEntry, Phase, read_journal,
                            write_slot)
 
+# The proxy's settings, for the host proxy and the proxy image alike (sandboxes reads them here).
 MITMPROXY_VERSION = "11.0.2"
 ADDON_PATH = Path(__file__).with_name("addon.py")
 CONTROL_FILE = "slot.json"
 CA_CERT_FILE = "mitmproxy-ca-cert.pem"
+# What a learner holds instead of the key: the proxy swaps in the real one on the way out.
+PLACEHOLDER_KEY = "carc-placeholder-key"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -41,8 +44,11 @@ class ProxyError(RuntimeError):
 
 
 def carc_cache() -> Path:
-    """carc's cache directory: CARC_CACHE, default ~/.cache/carc (as sandboxes.images)."""
-    return Path(os.environ.get("CARC_CACHE") or Path.home() / ".cache" / "carc")
+    """carc's cache directory (images' inputs, the proxy CA, mitmproxy's venv): CARC_CACHE,
+    default ~/.cache/carc. Made on first use."""
+    path = Path(os.environ.get("CARC_CACHE") or Path.home() / ".cache" / "carc")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def mitmproxy_venv() -> Path:
@@ -53,7 +59,32 @@ def mitmproxy_venv() -> Path:
 
 def default_confdir() -> Path:
     """The proxy CA shared by host proxies and proxy containers: <carc cache>/mitmproxy-ca."""
-    return carc_cache() / "mitmproxy-ca"
+    path = carc_cache() / "mitmproxy-ca"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def addon_options(*, journal_dir: str | os.PathLike[str], cell: str, control: str | os.PathLike[str],
+                  confdir: str | os.PathLike[str], allow: Iterable[str] = (), key_env: str = "",
+                  prices: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The `--set` options of mitmdump with the journaling addon (declared in addon.py's `load`),
+    for a host proxy and a proxy container alike; paths are as the proxy process sees them.
+    Connections open lazily, so a down upstream is a journaled error, not a failed start."""
+    return {
+        "confdir": str(confdir),
+        "connection_strategy": "lazy",
+        "anticomp": "true",  # ask upstreams for identity encoding: streams are journaled as sent
+        "carc_journal_dir": str(journal_dir),
+        "carc_cell": cell,
+        "carc_control": str(control),
+        "carc_allow": ",".join(allow),
+        "carc_key_env": key_env,
+        "carc_prices": str(prices) if prices else "",
+    }
+
+
+def set_arguments(options: dict[str, str]) -> list[str]:
+    return [part for name, value in options.items() for part in ("--set", f"{name}={value}")]
 
 
 def mitmdump_path() -> Path:
@@ -115,22 +146,10 @@ def mitmdump_command(mitmdump: str | os.PathLike[str], *, journal_dir: str | os.
         mode_spec = "regular"
     else:
         raise ValueError(f"mode must be 'reverse' or 'regular', got {mode!r}")
-    sets = {
-        "confdir": str(confdir),
-        "connection_strategy": "lazy",
-        "anticomp": "true",  # ask upstreams for identity encoding: streams are journaled as sent
-        "carc_journal_dir": str(journal_dir),
-        "carc_cell": cell,
-        "carc_control": str(control),
-        "carc_allow": ",".join(allow),
-        "carc_key_env": key_env,
-        "carc_prices": str(prices) if prices else "",
-    }
-    command = [str(mitmdump), "-q", "--listen-host", listen_host, "--listen-port",
-               str(listen_port), "--mode", mode_spec, "-s", str(addon)]
-    for name, value in sets.items():
-        command += ["--set", f"{name}={value}"]
-    return command
+    sets = addon_options(journal_dir=journal_dir, cell=cell, control=control, confdir=confdir,
+                         allow=allow, key_env=key_env, prices=prices)
+    return [str(mitmdump), "-q", "--listen-host", listen_host, "--listen-port", str(listen_port),
+            "--mode", mode_spec, "-s", str(addon), *set_arguments(sets)]
 
 
 class HostProxy:
@@ -218,7 +237,7 @@ class HostProxy:
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.confdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):  # the free port can be taken between probe and bind
-            port = _free_port()
+            port = free_port()
             command = mitmdump_command(
                 mitmdump, journal_dir=self.journal_dir, cell=self.cell, control=self.control,
                 listen_host="127.0.0.1", listen_port=port, confdir=self.confdir, mode=self.mode,
@@ -229,7 +248,7 @@ class HostProxy:
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent, start_new_session=True)
+                    preexec_fn=die_with_parent, start_new_session=True)
             if self._wait_ready(port, t0):
                 self.port = port
                 self.startup_s = time.monotonic() - t0
@@ -276,13 +295,17 @@ class HostProxy:
         return "\n".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at the moment (the caller binds it next)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child when the parent (thread) that spawned it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn (Linux): the kernel sends `sig` to the child when the parent (thread) that
+    spawned it dies, so a killed run leaves no proxy or model server behind."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -30,13 +30,12 @@ import structlog
 from docker.types import Mount
 from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
+from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
 from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
-from sandboxes.images import ca_dir as shared_ca_dir
 from sandboxes.images import docker_client, machine_lock
 
 log = structlog.get_logger("carc.sandbox")
 
-PLACEHOLDER_KEY = "carc-placeholder-key"
 SANDBOX_USER = "1000:1000"
 KEEPER_USER = "1001:1001"
 CA_PATH = "/tmp/carc/ca.pem"
@@ -68,6 +67,7 @@ class ProxySpec:
     allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
     key_env: str = ""            # host variable holding the real key; copied into the proxy only
     ca_dir: Path | None = None   # host folder holding mitmproxy's CA (default: the machine's)
+    prices: Path | None = None   # the price table the proxy journals dollars by (default: proxy/prices.json)
     upstream_ca: Path | None = None  # a private CA the model host's certificate is signed by
 
 
@@ -142,19 +142,20 @@ class DockerSandbox(SandboxEnvironment):
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
         (proxy.journal_dir / "proxy.ready").unlink(missing_ok=True)
-        ca_dir = proxy.ca_dir or shared_ca_dir()
+        ca_dir = proxy.ca_dir or default_confdir()
         env = {}
         if proxy.key_env and os.environ.get(proxy.key_env):
             env[proxy.key_env] = os.environ[proxy.key_env]  # the real key: proxy only
         target = re.match(r"^[a-z]+://[^/]+", proxy.upstream).group(0)  # mitmproxy wants no path
-        args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{target}@{REVERSE_PORT}",
-                "--set", "confdir=/ca", "--set", "connection_strategy=lazy", "--set", "anticomp=true",
-                "--set", "carc_journal_dir=/journal", "--set", f"carc_cell={self.spec.cell}",
-                "--set", "carc_control=/journal/slot.json",
-                "--set", f"carc_allow={','.join(proxy.allow)}",
-                "--set", f"carc_key_env={proxy.key_env if env else ''}"]
         mounts = [Mount("/journal", str(proxy.journal_dir.resolve()), type="bind"),
                   Mount("/ca", str(ca_dir.resolve()), type="bind")]
+        if proxy.prices is not None:
+            mounts.append(Mount("/prices.json", str(proxy.prices.resolve()), type="bind", read_only=True))
+        options = addon_options(journal_dir="/journal", cell=self.spec.cell, control=f"/journal/{CONTROL_FILE}",
+                                confdir="/ca", allow=proxy.allow, key_env=proxy.key_env if env else "",
+                                prices="/prices.json" if proxy.prices is not None else None)
+        args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{target}@{REVERSE_PORT}",
+                *set_arguments(options)]
         if proxy.upstream_ca is not None:
             mounts.append(Mount("/upstream-ca.pem", str(proxy.upstream_ca.resolve()), type="bind",
                                 read_only=True))
@@ -182,7 +183,7 @@ class DockerSandbox(SandboxEnvironment):
                 raise SandboxError(f"{container.name}: the proxy exited:\n{logs[-2000:]}")
             # The addon writes proxy.ready once loaded (an open port alone is not readiness).
             if ((self.spec.proxy.journal_dir / "proxy.ready").exists()
-                    and (ca_dir / "mitmproxy-ca-cert.pem").exists()):
+                    and (ca_dir / CA_CERT_FILE).exists()):
                 return
             time.sleep(0.1)
         raise SandboxError(f"{container.name}: the proxy did not start listening in 60 s:\n"
@@ -190,8 +191,8 @@ class DockerSandbox(SandboxEnvironment):
 
     def proxy_ca(self) -> bytes:
         proxy = self.spec.proxy
-        ca_dir = proxy.ca_dir or shared_ca_dir()
-        return (ca_dir / "mitmproxy-ca-cert.pem").read_bytes()
+        ca_dir = proxy.ca_dir or default_confdir()
+        return (ca_dir / CA_CERT_FILE).read_bytes()
 
     def reverse_base_url(self) -> str:
         """The model base URL a harness inside the sandbox uses (the proxy's reverse mode)."""

@@ -31,11 +31,12 @@ import docker
 import docker.errors
 import structlog
 
+from proxy.host import MITMPROXY_VERSION, carc_cache
+
 log = structlog.get_logger("carc.images")
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 NODE_VERSION = "24.22.3"
-MITMPROXY_VERSION = "11.0.2"
 DEBIAN_SUITE = "bookworm"
 ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates", "procps")
 REGISTRY_BASE = "python:3.11-slim-bookworm"
@@ -46,17 +47,9 @@ class ImageBuildError(RuntimeError):
     """An image could not be made; the message says which step and how to fix it."""
 
 
-def ca_dir() -> Path:
-    """mitmproxy's CA, shared by every proxy on this machine (host and containers)."""
-    path = cache_dir() / "mitmproxy-ca"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def cache_dir() -> Path:
-    path = Path(os.environ.get("CARC_CACHE", Path.home() / ".cache" / "carc"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """carc's cache (proxy/host.py owns where it is)."""
+    return carc_cache()
 
 
 @contextmanager

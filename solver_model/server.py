@@ -199,8 +199,8 @@ class Answer:
         return {"x-carc-search-ms": f"{self.search_ms:.3f}", "x-carc-effort": self.effort}
 
 
-def _answer(messages: Sequence[Mapping[str, Any]], effort: str, extra_prompt: Any,
-            search: SearchFn | None) -> Answer:
+def answer_conversation(messages: Sequence[Mapping[str, Any]], effort: str, extra_prompt: Any = None,
+                        search: SearchFn | None = None) -> Answer:
     """Read the conversation and run the policy (CPU-bound: called in a worker thread)."""
     start = time.perf_counter()
     state = read_conversation(messages)
@@ -252,7 +252,7 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
     async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any) -> Answer:
         loop = asyncio.get_running_loop()
         try:
-            answer = await loop.run_in_executor(pool, _answer, messages, effort, extra_prompt, search)
+            answer = await loop.run_in_executor(pool, answer_conversation, messages, effort, extra_prompt, search)
         except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
             raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
                                "server_error") from exc

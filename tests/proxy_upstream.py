@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from proxy.host import free_port
 
 CHAT_USAGE = {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
 STREAM_USAGE = {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}
@@ -163,12 +164,6 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
         return StreamingResponse(anthropic_stream(), media_type="text/event-stream")
 
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class UpstreamServer:

@@ -8,7 +8,6 @@ and two workers) and talk to it with the real `openai` client.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from fastapi.testclient import TestClient
 from orchestrator.arc import Demo, as_grid
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import extract_action
+from proxy.host import free_port
 from solver_model.server import MODEL_IDS, count_tokens, create_app
 from tests.test_solver_policy import fake_search
 
@@ -222,12 +222,6 @@ def test_unknown_default_effort_is_rejected_at_startup():
 
 
 # --- live servers with the openai client ----------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def live_url():

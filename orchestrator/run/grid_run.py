@@ -9,7 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -25,26 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness_adapters import registry
 from orchestrator.records import RunPaths
+from proxy.host import die_with_parent, free_port
 from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid,
                                          write_run_grid)
 
 log = structlog.get_logger("carc.grid")
-
-
-def die_with_parent() -> None:
-    """Linux: have the kernel kill this process when its parent dies (no orphans after a kill)."""
-    import ctypes
-    import signal
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -68,7 +53,7 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
                    host, "--port", str(port),
                    "--usage-log", str(log_dir / f"model-usage-{number}.jsonl")]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                          preexec_fn=die_with_parent))
+                                          preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
             out.close()
             urls.append(f"http://{host}:{port}/v1")
         for proc, base_url in zip(procs, urls):
@@ -106,7 +91,7 @@ _progress_queue = None
 def _init_worker(progress_queue) -> None:
     """Pool worker setup: die with the parent, and report progress through the shared queue."""
     global _progress_queue
-    die_with_parent()
+    die_with_parent(signal.SIGKILL)
     _progress_queue = progress_queue
 
 
