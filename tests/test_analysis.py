@@ -493,3 +493,27 @@ def test_run_measures_is_deterministic_for_a_seed():
     assert list(one) == list(two)
     for name in one:
         pd.testing.assert_frame_equal(one[name], two[name])
+
+
+def test_failed_instances_are_counted_by_the_kind_their_records_give():
+    events = {"c": [Event(type="instance_end", cell="c", slot=i, phase="stream", task="t", visit=i,
+                          exposure=i, t=0.0, status=status, cost=cost, failure_kind=kind)
+                    for i, (status, cost, kind) in enumerate([("solved", 2, None), ("failed", 16, "wrong-answers"),
+                                                               ("failed", 16, "timeout"), ("failed", 16, None),
+                                                               ("failed", 16, "timeout")])]}
+    frame = instances_frame(events, {"c": {"learner": "hermes-agent", "row": "memory-on"}})
+    [row] = measures.failure_table(frame).to_dict("records")
+    assert row == {"cell": "c", "failed": 4, "timeout": 2, "unrecorded": 1, "wrong-answers": 1}
+
+
+def test_a_quantity_shown_in_two_tables_of_one_report_has_one_interval():
+    # one order: each cell's pooled group holds exactly its own instances, so the two must agree
+    df, cells = synthetic_run()
+    draws = measures.TaskResamples(np.random.default_rng(0), 2_000)
+    first = analyse(df, cells, draws, 2_000)
+    every = run_measures(df, cells, draws, 2_000)
+    by_cell = first.cells.set_index("cell")
+    for _, pooled in every["pooled"].iterrows():
+        [cell] = df.loc[measures.with_groups(df)["group"] == pooled["group"], "cell"].unique()
+        assert (pooled["budget_lo"], pooled["budget_hi"]) == (by_cell.loc[cell, "budget_lo"],
+                                                              by_cell.loc[cell, "budget_hi"])

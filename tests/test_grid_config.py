@@ -78,3 +78,38 @@ def test_shipped_example_grids_validate():
     for name in ("offline-demo", "paper-arc1"):
         grid = load_grid(f"examples/{name}.yaml")
         assert grid.cells()
+
+
+def test_an_effort_that_is_not_one_is_refused_with_its_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("efforts: [low, medium]", "efforts: [low, bogus]"))
+    with pytest.raises(GridFileError, match=rf"{path}:3: efforts\[1\]: Input should be 'minimal', 'low'"):
+        load_grid(path)
+
+
+def test_an_effort_the_embedded_model_lacks_is_refused_before_anything_runs(tmp_path):
+    path = write(tmp_path, GOOD.replace("efforts: [low, medium]", "efforts: [low, max]"))
+    with pytest.raises(GridFileError, match=rf"{path}:3: efforts\[1\]: the embedded model has efforts "
+                                            r"low, medium, high, not 'max'"):
+        load_grid(path)
+    endpoint = GOOD.replace("efforts: [low, medium]", "efforts: [max]\nmodel: {endpoint: 'http://h/v1'}")
+    assert load_grid(write(tmp_path, endpoint)).efforts == ["max"]
+
+
+def test_a_misspelled_harness_option_is_refused_at_check_with_its_line(tmp_path):
+    grid = GOOD + "  - openclaw\nharness_options:\n  openclaw:\n    dreaming_frequncy: '0 * * * *'\n" \
+                  "    workshop_mode: sometimes\n"
+    path = write(tmp_path, grid)
+    with pytest.raises(GridFileError) as err:
+        load_grid(path)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith(f"{path}:11: harness_options.openclaw.dreaming_frequncy: openclaw has no "
+                               "option 'dreaming_frequncy'; options: dreaming_frequency, workshop_mode")
+    assert lines[1].startswith(f"{path}:12: harness_options.openclaw.workshop_mode: Input should be 'auto'")
+
+
+def test_declared_harness_options_are_accepted_and_reach_the_adapter_with_defaults(tmp_path):
+    from harness_adapters.registry import adapter
+    grid = GOOD + "  - openclaw\nharness_options:\n  openclaw: {dreaming_frequency: '*/5 * * * *'}\n"
+    options = load_grid(write(tmp_path, grid)).harness_options["openclaw"]
+    settings = adapter("openclaw").settings(options)
+    assert settings["dreaming_frequency"] == "*/5 * * * *" and settings["workshop_mode"] == "auto"

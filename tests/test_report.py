@@ -102,3 +102,24 @@ def test_a_run_with_no_finished_instance_still_gets_a_report(tmp_path: Path):
 
 def test_interval_format_is_percent_with_one_decimal():
     assert pct_ci(0.375, 0.3125, 0.44) == "37.5 [31.2, 44.0]"
+
+
+def test_a_cells_budget_has_one_interval_in_the_per_cell_and_the_pooled_tables(tmp_path: Path):
+    # one order: the pooled group of a cell is that cell, so one set of resamples gives one interval
+    run = tmp_path / "varied"
+    stream = [(f"t{k}", v, v) for v in range(2) for k in range(7)]
+    for learner, costs in (("stateless-floor", [16, 3, 9, 1, 12, 5, 2, 16, 4, 7, 2, 11, 6, 1]),
+                           ("demo-cache-floor", [16, 2, 8, 1, 10, 4, 1, 3, 1, 5, 0, 9, 2, 0])):
+        write_cell(run, learner, [("stream", t, v, e, c) for (t, v, e), c in zip(stream, costs)])
+    (run / "grid.yaml").write_text("name: varied\nlearners: [stateless-floor, demo-cache-floor]\n")
+    text = write_report(run, seed=0, resamples=2_000).read_text()
+
+    def budget_cells(heading: str) -> list[str]:
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+        header = [c.strip() for c in rows[0].strip("|").split("|")]
+        column = next(i for i, name in enumerate(header) if name.lower().startswith("budget"))
+        return [[c.strip() for c in row.strip("|").split("|")][column] for row in rows[1:]]
+
+    per_cell, pooled = budget_cells("## Per cell (stream)"), budget_cells("## Per cell group, pooled over stream orders")
+    assert per_cell and sorted(per_cell) == sorted(pooled)

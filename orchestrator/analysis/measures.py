@@ -38,7 +38,7 @@ LEVEL = 0.95
 EXPOSURES = tuple(range(8))
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
-INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "cost", "first_submit_demos",
+INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "cost", "first_submit_demos",
             "first_answer_correct", "wall_s", "model_calls", "prompt_tokens", "completion_tokens",
             "model_s", "cost_usd")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.
@@ -99,6 +99,16 @@ def instances_frame(events_by_cell: Mapping[str, Sequence[Event]],
     df["share"] = df["cost"] / BUDGET
     df["solved"] = (df["status"] == "solved").astype(bool)
     return df
+
+
+def failure_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, its failed instances by kind (the `failure_kind` of their records; `unrecorded`
+    for records written before kinds were)."""
+    failed = df[~df["solved"]]
+    kinds = failed["failure_kind"].fillna("unrecorded")
+    table = pd.crosstab(failed["cell"], kinds).reindex(_cells_in_order(df), fill_value=0)
+    table.insert(0, "failed", table.sum(axis=1))
+    return table.rename_axis(index="cell", columns=None).reset_index()
 
 
 def unfinished_instances(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.Series:

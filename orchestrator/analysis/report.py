@@ -253,6 +253,11 @@ MEASURES = {
     "pathbench": ("PATH-Bench", "PATH-Bench's AP, FWT, BWT and FGT on these records "
                   "(`orchestrator.analysis.pathbench`), each task's visits as a probe trajectory."),
     "pathbench_pooled": ("PATH-Bench, pooled over stream orders", "As above, per cell group."),
+    "failures": ("Failed instances by kind",
+                 "Every failed instance of the cell (charged the full budget) by why it failed: "
+                 "wrong-answers (the 8th incorrect submission), malformed (the malformed-action cap), "
+                 "wall-clock, no-verdict (the conversation ended without one), model-unavailable, "
+                 "learner-error, or the harness's own kind (rate-limit, timeout, crash, bad-output, other)."),
 }
 SHOWN_FIRST = ("cells", "exposure", "floor", "transfer")  # the first report's own sections
 SHARES = {"budget", "solved", "failed", "first_answer_correct", "cost0_returning"}

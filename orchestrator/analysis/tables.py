@@ -14,10 +14,10 @@ def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
                  rng: measures.Resampling, n: int = measures.RESAMPLES,
                  level: float = measures.LEVEL) -> dict[str, pd.DataFrame]:
     """Every table of a run by name, in a fixed order of draws (one seed, the same tables):
-    `cells` (`measures.cell_table`), `exposure`, `gap`, `pooled` (over orders), `floor` (differences from
-    the stateless floor), `twins` and `twins_pooled` (`measures.twin_table`), `clbench` and
-    `clbench_pooled` (`clbench`), `pathbench` and `pathbench_pooled`
-    (`pathbench`), `transfer` (forward transfer). One set of task resamples
+    `cells` (`measures.cell_table`), `exposure`, `gap`, `pooled` (over orders), `floor`
+    (differences from the stateless floor), `twins` and `twins_pooled` (`measures.twin_table`),
+    `clbench` and `clbench_pooled`, `pathbench` and `pathbench_pooled`, `transfer` (forward
+    transfer), `failures` (failed instances by kind). One set of task resamples
     (`measures.TaskResamples`) serves them all; pass the report's own to share its draws."""
     draws = measures.resamples_of(rng, n)
     return {
@@ -33,4 +33,5 @@ def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
         "pathbench": pathbench.pathbench_table(df, draws, level=level),
         "pathbench_pooled": pathbench.pathbench_table(df, draws, level=level, pool_orders=True),
         "transfer": measures.forward_transfer(df, draws, level=level),
+        "failures": measures.failure_table(df),
     }

@@ -1,0 +1,140 @@
+"""The run folder: its own validated grid (resumable alone), typed records, the wall clock.
+
+The runs here use the real embedded solver model over HTTP (`sandbox.engine: process`, no Docker);
+the wall-clock test drives the real runner with a learner that takes as long as it is allowed.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness_adapters.base import Learner, Turn
+from orchestrator.records import CellPaths, CellRecord, RunPaths, SandboxRecord, read_events
+from orchestrator.run import grid_run
+from orchestrator.run.grid_config import GridFileError, load_grid
+from orchestrator.run.runner import CellRunner
+
+WORDING = "system: |\n  You solve ARC puzzles; answer with one JSON action. (our own wording)\n"
+GRID = """\
+name: folder
+track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+efforts: [low]
+learners: [stateless-floor, {learner: program-library, row: wiped}]
+sandbox: {engine: process}
+prompts: wording.yaml
+workers: 1
+"""
+
+
+@pytest.fixture
+def grid_file(tmp_path: Path) -> Path:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "wording.yaml").write_text(WORDING)
+    path = tmp_path / "src" / "grid.yaml"
+    path.write_text(GRID)
+    return path
+
+
+def started(grid_file: Path, runs: Path, monkeypatch, run_id: str = "r") -> RunPaths:
+    """start_run up to the point where cells would run (the run folder as it is then)."""
+    monkeypatch.setattr(grid_run, "execute", lambda run_dir, workers=None: None)
+    return RunPaths(grid_run.start_run(grid_file, runs, run_id))
+
+
+def test_the_run_folder_holds_the_validated_grid_and_copies_of_the_files_it_names(grid_file, tmp_path,
+                                                                                   monkeypatch):
+    run = started(grid_file, tmp_path / "runs", monkeypatch)
+    stored = yaml.safe_load(run.grid.read_text())
+    assert stored["prompts"] == "prompts.yaml" and (run.root / "prompts.yaml").read_text() == WORDING
+    assert run.grid_original.read_text() == GRID
+    assert stored["efforts"] == ["low"] and stored["sandbox"]["engine"] == "process"
+
+
+def test_after_the_original_grid_and_its_prompts_are_edited_the_run_resumes_from_its_folder_alone(
+        grid_file, tmp_path, monkeypatch):
+    run = started(grid_file, tmp_path / "runs", monkeypatch)
+    grid_file.write_text(GRID.replace("efforts: [low]", "efforts: [medium]"))
+    (grid_file.parent / "wording.yaml").unlink()
+    grid = load_grid(run.grid)
+    assert grid.efforts == ["low"]
+    assert grid.prompts == (run.root / "prompts.yaml").resolve() and grid.prompts.read_text() == WORDING
+
+
+def test_a_run_id_that_exists_continues_the_same_grid_and_refuses_another(grid_file, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    started(grid_file, runs, monkeypatch)
+    assert started(grid_file, runs, monkeypatch).grid.exists()  # the same grid: continued
+    (grid_file.parent / "wording.yaml").write_text(WORDING + "store_invitation: save it\n")
+    grid_file.write_text(GRID.replace("efforts: [low]", "efforts: [medium]"))
+    with pytest.raises(grid_run.GridMismatch) as err:
+        started(grid_file, runs, monkeypatch)
+    message = str(err.value)
+    assert "started with another grid" in message and "efforts: ['low'] != ['medium']" in message
+    assert "prompts.yaml differs" in message and "--resume" in message
+
+
+def test_a_stored_grid_that_names_a_missing_file_is_an_error_naming_it(grid_file, tmp_path):
+    (grid_file.parent / "wording.yaml").unlink()
+    with pytest.raises(GridFileError, match="cannot read|No such file|wording.yaml"):
+        grid_run.start_run(grid_file, tmp_path / "runs", "r")
+
+
+@pytest.mark.slow
+def test_events_and_cell_records_are_typed_with_their_format_and_what_was_wiped(grid_file, tmp_path):
+    run = RunPaths(grid_run.start_run(grid_file, tmp_path / "runs", "typed"))
+    floor, wiped = run.cell("stateless-floor.low.sequential.s0"), run.cell("program-library-wiped.low.sequential.s0")
+    assert CellRecord.read(floor.settings).format == 2
+    assert SandboxRecord.read(floor.sandbox).program_checks == "host-process"
+    for cell, expect_wiped in ((floor, False), (wiped, True)):
+        starts = [e for e in read_events(cell.events) if e.type == "instance_start"]
+        assert len(starts) == 4 and {e.format for e in starts} == {2}
+        assert {e.wiped_before for e in starts} == {expect_wiped}
+    for end in (e for e in read_events(floor.events) if e.type == "instance_end"):
+        assert (end.failure_kind is None) == (end.status == "solved")
+
+
+class SlowLearner(Learner):
+    """Takes as long as it may for every turn: `seconds_left` of a 900 s harness-like turn."""
+
+    name = "slow"
+
+    def begin(self, view) -> None:
+        self.deadline = view.deadline
+
+    def act(self) -> Turn:
+        time.sleep(self.seconds_left(900.0))
+        return Turn(text='{"action": "request_demos"}')
+
+    def observe(self, outcome, attempts_used, demos_used) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_the_wall_clock_reaches_the_learner_so_a_slow_turn_ends_at_the_limit(tmp_path, monkeypatch):
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(textwrap.dedent("""\
+        name: clock
+        track: {name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}
+        orders: [sequential]
+        efforts: [low]
+        learners: [stateless-floor]
+        sandbox: {engine: process}
+        proxy: {journal: false}
+        limits: {wall_clock_s: 2}
+        """))
+    grid = load_grid(grid_path)
+    monkeypatch.setattr("orchestrator.run.runner.ladder_learner", lambda cell, state_dir, *a: SlowLearner(state_dir, None))
+    cell_dir = tmp_path / "runs" / "clock" / "cells" / grid.cells()[0].cell
+    start = time.monotonic()
+    CellRunner(grid, grid.cells()[0], cell_dir, "http://127.0.0.1:9/v1").run()
+    elapsed = time.monotonic() - start
+    [end] = [e for e in read_events(CellPaths(cell_dir).events) if e.type == "instance_end"]
+    assert end.status == "failed" and end.cost == 16 and end.failure_kind == "wall-clock"
+    assert "wall-clock limit of 2 s" in end.reason
+    assert elapsed < 60  # the 900 s turn was cut at the instance's limit, not waited for
