@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.records import read_events
+from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import load_grid
 from orchestrator.run.grid_run import model_service
 from orchestrator.run.runner import CellRunner
@@ -33,24 +33,25 @@ def main() -> None:
     console = Console(width=160)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "grid.yaml").write_text(textwrap.dedent(f"""\
+        run = RunPaths(tmp)
+        run.grid.write_text(textwrap.dedent(f"""\
             name: bench
             track: {{name: own, tasks: {args.tasks}, visits: {args.visits}, epilogue: 0}}
             efforts: [{args.effort}]
             learners: [stateless-floor, demo-cache-floor, program-library]
             """))
-        grid = load_grid(tmp / "grid.yaml")
+        grid = load_grid(run.grid)
         table = Table(title=f"core overhead ({args.tasks} tasks x {args.visits} visits, effort {args.effort})")
         for column in ("learner", "instances", "wall s", "model s", "model calls",
                        "overhead ms/instance", "overhead share", "instances/s"):
             table.add_column(column, justify="right")
-        with model_service(grid, tmp / "logs") as (base_url,):
+        with model_service(grid, run.logs) as (base_url,):
             for cell in grid.cells():
-                cell_dir = tmp / "cells" / cell.cell
+                cell_dir = run.cell(cell.cell).root
                 start = time.perf_counter()
                 CellRunner(grid, cell, cell_dir, base_url).run()
                 wall = time.perf_counter() - start
-                ends = [e for e in read_events(cell_dir / "events.jsonl") if e.type == "instance_end"]
+                ends = [e for e in read_events(run.cell(cell.cell).events) if e.type == "instance_end"]
                 model_s = sum(e.model_s or 0 for e in ends)
                 calls = sum(e.model_calls or 0 for e in ends)
                 n = len(ends)

@@ -26,6 +26,7 @@ from rich.table import Table  # noqa: E402
 
 from harness_adapters import registry  # noqa: E402
 from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # noqa: E402
+from orchestrator.records import RunPaths  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
 from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
 
@@ -55,9 +56,10 @@ def main() -> None:
             "orders": ["sequential"], "model": {"endpoint": "embedded", "name": "carc-solver"},
             "efforts": ["low"], "learners": learners, "workers": 2}
     with tempfile.TemporaryDirectory(prefix="carc-bench-") as tmp:
-        run = Path(tmp) / "runs" / f"bench-harnesses-{int(time.time())}"
-        (run / "cells").mkdir(parents=True)
-        (run / "grid.yaml").write_text(yaml.safe_dump(grid, sort_keys=False))
+        paths = RunPaths(Path(tmp) / "runs" / f"bench-harnesses-{int(time.time())}")
+        paths.cells.mkdir(parents=True)
+        paths.grid.write_text(yaml.safe_dump(grid, sort_keys=False))
+        run = paths.root
         started = time.monotonic()
         with console.status(f"running {len(learners) * 1} cells x {args.tasks * args.visits} instances"):
             execute(run, show_progress=False)
@@ -66,7 +68,7 @@ def main() -> None:
         table = Table(title=f"per instance, embedded model ({elapsed:.0f} s in all)")
         for column in ("cell", "instances", "wall s", "model s", "overhead s", "model calls", "probes"):
             table.add_column(column, justify="left" if column == "cell" else "right", no_wrap=True)
-        for cell_dir in sorted((run / "cells").iterdir()):
+        for cell_dir in (c.root for c in paths.cell_folders()):
             walls = instance_walls(run, cell_dir.name)
             calls = frame[(frame["cell"] == cell_dir.name) & frame["slot"].isin(list(walls))]
             n = len(walls) or 1

@@ -110,7 +110,8 @@ def grid_check(grid: Path) -> None:
 def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
     """Write RUN/report.md and RUN/report.html (tables and figures) from the run's records."""
     from orchestrator.analysis.report import write_report
-    if not (run / "cells").is_dir():
+    from orchestrator.records import RunPaths
+    if not RunPaths(run).cells.is_dir():
         _fail(f"{run}: not a run directory (no cells/)")
     console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.records import CellPaths, Event
 from orchestrator.rows import STATELESS_ROWS, row_name
-from proxy.journal import JournalEntry
+from proxy.journal import JOURNAL_FILE, JournalEntry
 from stores_inspector.reading import Problems, read_json, read_jsonl
 
 GRID = re.compile(r"\[\s*\[[\d,\s\[\]]*\]\s*\]")
@@ -133,7 +133,8 @@ def _first_existing(folder: Path, names: tuple[str, ...]) -> Path | None:
 
 
 def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
-    path = _first_existing(folder, ("events.jsonl", "events.jsonl.zst", "events.jsonl.gz"))
+    events = CellPaths(folder).events  # also read compressed, as an archived run may keep it
+    path = _first_existing(folder, (events.name, f"{events.name}.zst", f"{events.name}.gz"))
     if path is None:
         problems.add("events.jsonl", "missing: no instances, the timeline has no task names")
         return {}
@@ -164,7 +165,7 @@ def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
 
 
 def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:
-    path = _first_existing(folder / "journal", ("journal.jsonl", "journal.jsonl.zst", "journal.jsonl.gz"))
+    path = _first_existing(CellPaths(folder).journal, (JOURNAL_FILE, f"{JOURNAL_FILE}.zst", f"{JOURNAL_FILE}.gz"))
     if path is None:
         problems.add("journal/journal.jsonl", "missing: no mechanisms from model calls, no return check")
         return []
@@ -179,7 +180,7 @@ def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:
 
 def _transcripts(folder: Path, problems: Problems) -> dict[int, list[Any]]:
     transcripts = {}
-    for path in sorted((folder / "transcripts").glob("*.json")):
+    for path in sorted(CellPaths(folder).transcripts.glob("*.json")):
         if path.stem.isdigit():
             value = read_json(_read(path, problems), f"transcripts/{path.name}", problems)
             transcripts[int(path.stem)] = value if isinstance(value, list) else []

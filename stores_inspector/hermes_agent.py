@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.records import CellPaths
 from stores_inspector.calls import ToolCall
 from stores_inspector.parser import (NOISE, Artifact, HarnessParser, StoreContext, entries_by_occurrence,
                                      matches, shell_writes, strings)
@@ -200,7 +201,7 @@ def _sessions(path: Path, where: str, context: StoreContext) -> pd.DataFrame:
 def _review_log(context: StoreContext) -> pd.DataFrame:
     """Review runs per instance from the agent.log bytes collected after it."""
     rows = []
-    for folder in sorted((context.records.folder / "logs").glob("[0-9]*")):
+    for folder in sorted(CellPaths(context.records.folder).logs.glob("[0-9]*")):
         for log in folder.glob("*agent.log"):
             text = log.read_text(errors="replace")
             rows.append({"slot": int(folder.name),

@@ -105,7 +105,8 @@ def failure_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per cell, its failed instances by kind (the `failure_kind` of their records; `unrecorded`
     for records written before kinds were)."""
     failed = df[~df["solved"]]
-    kinds = failed["failure_kind"].fillna("unrecorded")
+    kinds = (failed["failure_kind"] if "failure_kind" in failed else pd.Series(None, index=failed.index,
+                                                                               dtype=object)).fillna("unrecorded")
     table = pd.crosstab(failed["cell"], kinds).reindex(_cells_in_order(df), fill_value=0)
     table.insert(0, "failed", table.sum(axis=1))
     return table.rename_axis(index="cell", columns=None).reset_index()

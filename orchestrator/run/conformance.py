@@ -37,9 +37,9 @@ from rich.table import Table
 from rich.text import Text
 
 from harness_adapters.scripted_model import NOTE, scripted_model_server
-from orchestrator.records import Event, read_events
+from orchestrator.records import CellPaths, Event, RunPaths, read_events
 from orchestrator.run.grid_config import Cell
-from proxy.journal import JournalEntry, read_journal
+from proxy.journal import JOURNAL_FILE, JournalEntry, read_journal
 from sandboxes.docker_sandbox import LABEL_RUN, prune
 
 NOTE_PATTERN = re.compile(re.escape(NOTE).replace(re.escape("{task}"), r"(\S+)"))
@@ -110,7 +110,8 @@ class ConformanceCell:
     @classmethod
     def load(cls, folder: Path) -> "ConformanceCell":
         records = cls(folder)
-        events, journal = folder / "events.jsonl", folder / "journal" / "journal.jsonl"
+        paths = CellPaths(folder)
+        events, journal = paths.events, paths.journal / JOURNAL_FILE
         if not folder.is_dir():
             records.unreadable = dict.fromkeys(("events", "journal"), f"{folder}: no cell folder")
             return records
@@ -145,7 +146,7 @@ class ConformanceCell:
         return None
 
     def snapshot(self, slot: int) -> Path:
-        return self.folder / "snapshots" / f"{slot:05d}.tar.gz"
+        return CellPaths(self.folder).snapshot(slot)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -434,8 +435,9 @@ def run_stream(name: str, run_dir: Path, cells: dict[str, Cell], tasks: int, vis
     started, expected = time.monotonic(), None
     try:
         with scripted_model_server() as endpoint:
-            (run_dir / "grid.yaml").write_text(grid_text(name, endpoint, tasks, visits, seed, effort))
-            expected = len(build_schedule(load_grid(run_dir / "grid.yaml"), cells["memory-on"]))
+            grid_path = RunPaths(run_dir).grid
+            grid_path.write_text(grid_text(name, endpoint, tasks, visits, seed, effort))
+            expected = len(build_schedule(load_grid(grid_path), cells["memory-on"]))
             # no closing prune: it would hide what the cells' teardowns left behind
             execute(run_dir, show_progress=show_progress, prune_at_end=False)
     except Exception as exc:  # a failed check; the records are still checked, as far as they go
@@ -451,7 +453,7 @@ def run_conformance(name: str, workdir: Path, tasks: int = 2, visits: int = 2, s
     started = time.monotonic()
     run_id = f"conformance-{name}-{uuid.uuid4().hex[:6]}"
     run_dir = Path(workdir) / "runs" / run_id
-    (run_dir / "cells").mkdir(parents=True)
+    RunPaths(run_dir).cells.mkdir(parents=True)
     cells = conformance_cells(name, seed, effort)
     ran, expected = run_stream(name, run_dir, cells, tasks, visits, seed, effort, show_progress)
     try:
@@ -462,7 +464,7 @@ def run_conformance(name: str, workdir: Path, tasks: int = 2, visits: int = 2, s
         prune(run=run_id)
     except Exception:  # the teardown check already says what was left
         pass
-    records = {row: ConformanceCell.load(run_dir / "cells" / cell.cell) for row, cell in cells.items()}
+    records = {row: ConformanceCell.load(RunPaths(run_dir).cell(cell.cell).root) for row, cell in cells.items()}
     on, off = records["memory-on"], records["memory-off"]
     report = ConformanceReport(name, run_id, run_dir, [
         ran, check_note_kept(on), check_note_returns(on),
