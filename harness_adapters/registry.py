@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 REGISTRY = Path(__file__).with_name("learners.yaml")
 GENERIC_PARSER = "stores_inspector.generic:Parser"
-STANDARD_ROWS = HARNESS_ROWS
 
 
 class RegistryError(ValueError):
@@ -73,7 +72,7 @@ def _load(path: Path, mtime_ns: int) -> dict[str, Registered]:
         target = entry["learner" if kind == "ladder" else "adapter"]
         if not isinstance(target, str) or ":" not in target:
             raise RegistryError(f"{path}: {name}: expected `module:attribute`, got {target!r}")
-        rows = entry.get("rows", list(STANDARD_ROWS))
+        rows = entry.get("rows", list(HARNESS_ROWS))
         if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows):
             raise RegistryError(f"{path}: {name}.rows: expected a non-empty list of row names")
         unknown = [r for r in rows if r not in ROWS]
@@ -123,7 +122,7 @@ def parser(name: str | None) -> "HarnessParser":
     return load(target, f"{name}: parser")()
 
 
-def add_harness(name: str, target: str, rows: tuple[str, ...] = STANDARD_ROWS,
+def add_harness(name: str, target: str, rows: tuple[str, ...] = HARNESS_ROWS,
                 path: Path = REGISTRY) -> None:
     """Append one harness entry (the scaffold's registration), keeping the file's comments."""
     if name in learners(path):

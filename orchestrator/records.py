@@ -100,10 +100,21 @@ class CellPaths:
         return self.logs / f"{slot:05d}"
 
 
-class CellRecord(BaseModel):
-    """`cell.json`: the settings of one cell (what the report and the inspector group by)."""
+class JsonRecord(BaseModel):
+    """A record kept as one JSON file (written atomically), read back typed."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # a newer carc's extra fields do not stop an older reader
+
+    @classmethod
+    def read(cls, path: Path) -> "JsonRecord":
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+    def write(self, path: Path) -> None:
+        write_json(path, self.model_dump())
+
+
+class CellRecord(JsonRecord):
+    """`cell.json`: the settings of one cell (what the report and the inspector group by)."""
 
     cell: str
     label: str
@@ -116,18 +127,9 @@ class CellRecord(BaseModel):
     track: str
     format: int = 1
 
-    @classmethod
-    def read(cls, path: Path) -> "CellRecord":
-        return cls.model_validate_json(path.read_text(encoding="utf-8"))
 
-    def write(self, path: Path) -> None:
-        write_json(path, self.model_dump())
-
-
-class SandboxRecord(BaseModel):
+class SandboxRecord(JsonRecord):
     """`sandbox.json`: how a cell was isolated, for the audit (one key set for every cell)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     proxy: Literal["host-mitmdump", "container"] | None  # None: no journaling proxy
     model_base_url: str  # what the learner called
@@ -138,13 +140,6 @@ class SandboxRecord(BaseModel):
     harness: str | None = None
     version: str | None = None  # the harness's pinned version
     format: int = RECORDS_FORMAT
-
-    @classmethod
-    def read(cls, path: Path) -> "SandboxRecord":
-        return cls.model_validate_json(path.read_text(encoding="utf-8"))
-
-    def write(self, path: Path) -> None:
-        write_json(path, self.model_dump())
 
 
 class Event(BaseModel):

@@ -21,7 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness_adapters.harness import ConversationHarness
-from harness_adapters.registry import REGISTRY, STANDARD_ROWS, harnesses
+from harness_adapters.registry import REGISTRY, harnesses
+from orchestrator.rows import HARNESS_ROWS
 from harness_adapters.scaffold import ScaffoldError, new_adapter
 from orchestrator.cli import app
 from sandboxes.images import RECIPES
@@ -65,7 +66,7 @@ def test_new_writes_module_recipe_driver_test_and_docs_and_registers_the_harness
         "docs/harnesses/my-agent.md"}
     registry = harnesses(root / "harness_adapters" / "learners.yaml")
     assert registry["my-agent"].target == "harness_adapters.my_agent:MY_AGENT"
-    assert registry["my-agent"].rows == STANDARD_ROWS
+    assert registry["my-agent"].rows == HARNESS_ROWS
     assert set(harnesses()) <= set(registry)  # the earlier entries are kept
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from string import Template
 from typing import Literal
 
-from harness_adapters.registry import REGISTRY, STANDARD_ROWS, RegistryError, add_harness, harnesses, learners
+from harness_adapters.registry import REGISTRY, RegistryError, add_harness, harnesses, learners
+from orchestrator.rows import HARNESS_ROWS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).parent
@@ -142,7 +143,7 @@ def new_adapter(name: str, root: Path = REPO_ROOT, registry: Path | None = None,
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    add_harness(name, f"harness_adapters.{scaffold.module}:{scaffold.const}", STANDARD_ROWS, registry)
+    add_harness(name, f"harness_adapters.{scaffold.module}:{scaffold.const}", HARNESS_ROWS, registry)
     return list(files)
 
 
