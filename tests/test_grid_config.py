@@ -113,3 +113,15 @@ def test_declared_harness_options_are_accepted_and_reach_the_adapter_with_defaul
     options = load_grid(write(tmp_path, grid)).harness_options["openclaw"]
     settings = adapter("openclaw").settings(options)
     assert settings["dreaming_frequency"] == "*/5 * * * *" and settings["workshop_mode"] == "auto"
+
+
+@pytest.mark.parametrize("endpoint", ["localhost:8000/v1", "ftp://host/v1", "http:///v1"])
+def test_a_model_endpoint_that_is_not_a_base_url_is_refused_at_load(tmp_path, endpoint):
+    path = write(tmp_path, GOOD + f"model: {{endpoint: '{endpoint}'}}\n")
+    with pytest.raises(GridFileError, match=r"model.endpoint: .* is not a base URL"):
+        load_grid(path)
+
+
+def test_an_upper_case_scheme_is_read_as_the_url_it_is(tmp_path):
+    grid = load_grid(write(tmp_path, GOOD + "model: {endpoint: 'HTTP://127.0.0.1:8000/v1'}\n"))
+    assert grid.model.endpoint == "http://127.0.0.1:8000/v1"

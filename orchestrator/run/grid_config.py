@@ -7,6 +7,7 @@ Validation errors name the file, the line and the field, e.g.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any, Literal
 
 import yaml
@@ -67,6 +68,17 @@ class ModelConfig(_Strict):
     output_usd_per_mtok: float = Field(0.0, ge=0)
     timeout_s: float = Field(600.0, gt=0)
     max_tokens: int | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if value == EMBEDDED:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not a base URL: give 'embedded' or http(s)://host[:port]/path "
+                             "(e.g. https://api.openai.com/v1)")
+        return f"{parts.scheme.lower()}://{value.split('://', 1)[1]}"
 
     def endpoint_for(self, effort: str, base_url: str) -> ModelEndpoint:
         return ModelEndpoint(base_url=base_url, model=self.name, api_key_env=self.api_key_env,
