@@ -66,11 +66,11 @@ class Learner(abc.ABC):
     # Capabilities the runner reads (declared, never probed with getattr):
     talks_after_verdict: bool = False  # may take more turns once the instance is over (up to 4)
     runs_programs: bool = False  # built with the cell's ProgramExecutor (the program library)
+    deadline: float | None = None  # time.monotonic() when the current instance's wall clock runs out
 
     def __init__(self, state_dir: Path, prompts: PromptSet):
         self.state_dir = state_dir
         self.prompts = prompts
-        self.deadline: float | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def seconds_left(self, most: float) -> float:
