@@ -503,7 +503,7 @@ def test_failed_instances_are_counted_by_the_kind_their_records_give():
                                                                ("failed", 16, "timeout")])]}
     frame = instances_frame(events, {"c": {"learner": "hermes-agent", "row": "memory-on"}})
     [row] = measures.failure_table(frame).to_dict("records")
-    assert row == {"cell": "c", "failed": 4, "timeout": 2, "unrecorded": 1, "wrong-answers": 1}
+    assert row == {"cell": "c", "instances failed": 4, "timeout": 2, "unrecorded": 1, "wrong-answers": 1}
 
 
 def test_a_quantity_shown_in_two_tables_of_one_report_has_one_interval():

@@ -102,13 +102,13 @@ def instances_frame(events_by_cell: Mapping[str, Sequence[Event]],
 
 
 def failure_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, its failed instances by kind (the `failure_kind` of their records; `unrecorded`
-    for records written before kinds were)."""
+    """Per cell, its failed instances of every phase (stream, epilogue, fresh reference) by kind:
+    counts of the `failure_kind` of their records (`unrecorded` for records older than kinds)."""
     failed = df[~df["solved"]]
     kinds = (failed["failure_kind"] if "failure_kind" in failed else pd.Series(None, index=failed.index,
                                                                                dtype=object)).fillna("unrecorded")
     table = pd.crosstab(failed["cell"], kinds).reindex(_cells_in_order(df), fill_value=0)
-    table.insert(0, "failed", table.sum(axis=1))
+    table.insert(0, "instances failed", table.sum(axis=1))
     return table.rename_axis(index="cell", columns=None).reset_index()
 
 

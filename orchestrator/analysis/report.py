@@ -254,7 +254,8 @@ MEASURES = {
                   "(`orchestrator.analysis.pathbench`), each task's visits as a probe trajectory."),
     "pathbench_pooled": ("PATH-Bench, pooled over stream orders", "As above, per cell group."),
     "failures": ("Failed instances by kind",
-                 "Every failed instance of the cell (charged the full budget) by why it failed: "
+                 "The failed instances of the cell in every phase (stream, epilogue, fresh reference; "
+                 "each charged the full budget), counted by why they failed: "
                  "wrong-answers (the 8th incorrect submission), malformed (the malformed-action cap), "
                  "wall-clock, no-verdict (the conversation ended without one), model-unavailable, "
                  "learner-error, or the harness's own kind (rate-limit, timeout, crash, bad-output, other)."),
