@@ -131,11 +131,13 @@ def add_harness(name: str, target: str, rows: tuple[str, ...] = HARNESS_ROWS,
         handle.write(f"{name}:\n  adapter: {target}\n  rows: [{', '.join(rows)}]\n")
 
 
-def harness_recipes(path: Path = REGISTRY) -> dict[str, Any]:
-    """Each harness's image recipe, or the exception its adapter module raised when loaded (one
-    broken adapter must not hide the others)."""
-    out: dict[str, Any] = {}
-    for name, registered in harnesses(path).items():
+def image_recipes(path: Path = REGISTRY) -> dict[str, Any]:
+    """Every image carc builds: sandboxes' own recipes (base, proxy), then each harness's, or the
+    exception its adapter module raised when loaded (one broken adapter must not hide the others)."""
+    from sandboxes.images import RECIPES
+
+    out: dict[str, Any] = dict(RECIPES)
+    for name in harnesses(path):
         try:
             out[name] = adapter(name).recipe
         except Exception as exc:  # someone else's module: any failure is reported, not raised

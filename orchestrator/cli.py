@@ -170,9 +170,9 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
     """Build the images of the named recipes (and their parents); print each tag and size."""
     import time
 
-    from harness_adapters.registry import harness_recipes
-    from sandboxes.images import RECIPES, ImageBuildError, docker_client, ensure_image, image_size_mb
-    recipes = {**RECIPES, **harness_recipes()}
+    from harness_adapters.registry import image_recipes
+    from sandboxes.images import ImageBuildError, docker_client, ensure_image, image_size_mb
+    recipes = image_recipes()
     for name in names or ():
         if name not in recipes:
             _fail(f"no image {name!r}; images: {', '.join(recipes)}")

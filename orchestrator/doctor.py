@@ -9,9 +9,9 @@ import docker
 import docker.errors
 import httpx
 
-from harness_adapters.registry import harness_recipes
+from harness_adapters.registry import image_recipes
 from proxy.host import CA_CERT_FILE, default_confdir
-from sandboxes.images import RECIPES, REGISTRY_BASE, ImageBuildError, offline_base_tag, render
+from sandboxes.images import REGISTRY_BASE, ImageBuildError, offline_base_tag, render
 from sandboxes.networks import NoGatewayError, host_address
 
 
@@ -64,7 +64,7 @@ def check_images(client: docker.DockerClient) -> list[Check]:
                       "carc images build --offline (about a minute)")]
     checks = [Check("image base", True, bases[0])]
     tags = {None: bases[0]}
-    for name, recipe in {**RECIPES, **harness_recipes()}.items():
+    for name, recipe in image_recipes().items():
         if isinstance(recipe, Exception):
             checks.append(Check(f"image {name}", False, f"its adapter does not load: {str(recipe)[:160]}",
                                 f"fix harness_adapters' module for {name}"))

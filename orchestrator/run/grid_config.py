@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Any, Literal
 
+import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -323,26 +324,17 @@ def write_run_grid(grid: GridConfig, original: Path, run_root: Path) -> Path:
 
 
 def grid_differences(stored: GridConfig, given: GridConfig) -> list[str]:
-    """Where two grids differ (the files they name compared by content), as `field: a != b`."""
-    def flat(grid: GridConfig) -> dict[str, Any]:
-        data, copies = run_grid_data(grid)
-        for name, source in copies.items():
-            data[f"file {name}"] = source.read_bytes() if source.exists() else None
-        out: dict[str, Any] = {}
+    """Where two grids differ, as `field: a != b`, and `<file> differs` for a file they name
+    whose content differs."""
+    (data_a, files_a), (data_b, files_b) = run_grid_data(stored), run_grid_data(given)
+    a, b = pd.json_normalize(data_a).iloc[0].to_dict(), pd.json_normalize(data_b).iloc[0].to_dict()
+    fields = [f"{key}: {_short(a.get(key))} != {_short(b.get(key))}"
+              for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)]
 
-        def walk(value: Any, prefix: str) -> None:
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    walk(item, f"{prefix}.{key}" if prefix else str(key))
-            else:
-                out[prefix] = value
-        walk(data, "")
-        return out
-
-    a, b = flat(stored), flat(given)
-    return [f"{key}: {_short(a.get(key))} != {_short(b.get(key))}"
-            for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key) and not key.startswith("file ")] + \
-        [f"{key[5:]} differs" for key in dict.fromkeys([*a, *b]) if key.startswith("file ") and a.get(key) != b.get(key)]
+    def content(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path is not None and path.exists() else None
+    return fields + [f"{name} differs" for name in dict.fromkeys([*files_a, *files_b])
+                     if content(files_a.get(name)) != content(files_b.get(name))]
 
 
 def _short(value: Any) -> str:
