@@ -32,12 +32,13 @@ from solver_model.policy import reply
 class InProcessSolver:
     """The embedded model's policy behind the `ChatModel.complete` interface."""
 
-    def __init__(self, effort: str):
+    def __init__(self, effort: str, seed: int = 0):
         self.effort = effort
+        self.seed = seed
 
     def complete(self, messages, deadline=None):
         start = time.perf_counter()
-        text = reply(read_conversation(messages), self.effort).text
+        text = reply(read_conversation(messages), self.effort, seed=self.seed).text
         return ChatReply(text, Usage(1, 0, 0, time.perf_counter() - start, 0.0))
 
 
@@ -82,7 +83,7 @@ def main() -> None:
             ids = source.task_ids()[: args.limit or None]
             instances = [source.instance(t, 0, args.seed) for t in ids]
             for effort in args.efforts.split(","):
-                learner = StatelessFloor(Path(tmp), prompts, InProcessSolver(effort))
+                learner = StatelessFloor(Path(tmp), prompts, InProcessSolver(effort, args.seed))
                 start = time.perf_counter()
                 results = [play(learner, i) for i in track(instances, f"{name} {effort}", console=console)]
                 seconds = time.perf_counter() - start

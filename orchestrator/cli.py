@@ -137,11 +137,13 @@ def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(
                 effort: str = typer.Option("medium", help="default effort: low | medium | high"),
                 workers: int = typer.Option(1),
                 usage_log: Optional[Path] = typer.Option(
-                    None, help="append one JSON line of token counts per answered request")) -> None:
+                    None, help="append one JSON line of token counts per answered request"),
+                seed: int = typer.Option(0, help="the model seed: with the conversation, it seeds "
+                                                 "each reply's search order")) -> None:
     """Serve the embedded solver model as an OpenAI-compatible endpoint."""
     from solver_model.server import serve
     serve(host=host, port=port, effort_default=effort, workers=workers,
-          usage_log=str(usage_log) if usage_log else None)
+          usage_log=str(usage_log) if usage_log else None, seed=seed)
 
 
 @tasks_app.command("list")

@@ -12,6 +12,7 @@ instance; demonstration pairs are read from user and tool messages.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -72,6 +73,7 @@ class ConversationState:
     programs: tuple[ProgramAttempt, ...] = ()
     demos_refused: bool = False  # the environment refused a request_demos: no more pairs to buy
     over: bool = False
+    digest: str = "0" * 64  # sha256 of the whole conversation (roles, texts, tool calls)
 
     @property
     def wrong_grids(self) -> frozenset[Grid]:
@@ -151,6 +153,7 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
     msgs = [_Message(_ROLES.get(str(m.get("role")), str(m.get("role"))),
                      message_text(m.get("content")))
             for m in messages if isinstance(m, Mapping)]
+    digest = conversation_digest(messages)
     header = _instance_start(msgs)
     instance = msgs[header:] if header is not None else msgs
     head_text = msgs[header].text if header is not None else ""
@@ -160,7 +163,7 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
     test_input = _test_input(head_text, instance)
     pairs = _pairs(instance)
     if task_id is None and test_input is None and not pairs:
-        return ConversationState(mode=Mode.OTHER)
+        return ConversationState(mode=Mode.OTHER, digest=digest)
 
     turns = _turns(instance)
     submissions: list[Submission] = []
@@ -200,7 +203,16 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
         programs=tuple(programs),
         demos_refused=demos_refused,
         over=over,
+        digest=digest,
     )
+
+
+def conversation_digest(messages: Sequence[Mapping[str, Any]]) -> str:
+    """sha256 of the conversation's roles, texts and tool calls: what seeds a reply."""
+    canonical = [[str(m.get("role")), message_text(m.get("content")), m.get("tool_calls") or []]
+                 for m in messages if isinstance(m, Mapping)]
+    data = json.dumps(canonical, sort_keys=True, default=str, ensure_ascii=True)
+    return hashlib.sha256(data.encode()).hexdigest()
 
 
 def _instance_start(msgs: list[_Message]) -> int | None:

@@ -1,10 +1,16 @@
 """The embedded solver model's policy: from a conversation state to the text of its next reply.
 
-Deterministic: the same state and effort give the same reply. The policy buys a demonstration
-pair while it holds none, or while the programs consistent with the pairs disagree widely on the
-test input and few pairs are held; otherwise it submits the simplest program's output (or, in
-program mode, the program itself). With no consistent program and no pair left to buy it submits a
-fallback guess not yet judged incorrect, so an instance always moves toward its end.
+Each reply runs one bounded search (`search.explore`) in an order drawn from a generator seeded
+by the model seed and the conversation's content, so the same conversation always gets the same
+reply, and a conversation that differs in anything (a returning task's new test input, one more
+verdict) is searched afresh. The policy buys a demonstration pair while it holds none, or while
+the programs that fit disagree widely on the test input and few pairs are held; otherwise it
+submits the first fitting program's output (or, in program mode, the program itself). When
+nothing fits within the reply's budget it commits to its best partial fit if that fits well
+enough (`COMMIT_FIT`) or no pair is left to buy, as a model answering without verifying does;
+else it buys a pair. With nothing at all and no pair left it submits a fallback guess not yet
+judged incorrect, so an instance always moves toward its end. It knows nothing but the
+conversation: no memory of its own.
 """
 
 from __future__ import annotations
@@ -13,12 +19,15 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from orchestrator.arc import Demo, Grid, as_grid, grid_json, grid_list
 from orchestrator.tasks.base import MAX_DEMOS
 from solver_model.conversation import PREDICTED_OUTPUT, ConversationState, Mode
-from solver_model.search import EFFORTS, Program, search
+from solver_model.search import EFFORTS, Exploration, explore
 
-SearchFn = Callable[..., list[Program]]
+# (pairs, effort, test_input, exclude=..., rng=...) -> Exploration; tests inject small ones.
+SearchFn = Callable[..., Exploration]
 
 REQUEST = '{"action": "request_demos"}'
 FINISH = '{"action": "finish"}'
@@ -30,6 +39,19 @@ NOTHING_TO_ADD = "Nothing to add."
 WIDE_DISAGREEMENT = 10
 # ... and only until this many pairs are held (more effort finds more look-alikes).
 PAIRS_WORTH_HOLDING = {"low": 2, "medium": 2, "high": 3}
+# With nothing that fits every pair, the best partial fit is committed to (submitted, or proposed
+# as the program) when it reproduces at least this share of the pairs' cells; below it a pair is
+# bought while one can be. Part of the guess policy calibrated in solver_model/CALIBRATION.md.
+COMMIT_FIT = 0.6
+
+
+def reply_generator(seed: int, digest: str) -> np.random.Generator:
+    """The generator of one reply: the model seed and the conversation's content, nothing else."""
+    return np.random.default_rng([seed & 0xFFFFFFFF, int(digest[:16], 16)])
+
+
+def _explore(pairs, effort, test_input=None, exclude=(), rng=None) -> Exploration:
+    return explore(pairs, effort, rng, test_input, exclude)
 
 
 @dataclass(frozen=True)
@@ -40,8 +62,11 @@ class Reply:
     program_description: str | None = None
 
 
-def reply(state: ConversationState, effort: str, search: SearchFn = search) -> Reply:
-    """The model's next reply to the conversation read into `state`."""
+def reply(state: ConversationState, effort: str, search: SearchFn | None = None,
+          seed: int = 0) -> Reply:
+    """The model's next reply to the conversation read into `state` (its generator: `seed` and
+    the conversation's digest). `search` replaces the bounded program search (tests inject one)."""
+    search = _explore if search is None else search
     if effort not in EFFORTS:
         raise ValueError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
     if state.mode is Mode.OTHER:
@@ -54,7 +79,9 @@ def reply(state: ConversationState, effort: str, search: SearchFn = search) -> R
 
     wrong = state.wrong_grids
     exclude = state.failed_programs if state.mode is Mode.PROGRAM else frozenset()
-    found = candidates(search, state.pairs, effort, state.test_input, exclude)
+    rng = reply_generator(seed, state.digest)
+    exploration = search(state.pairs, effort, state.test_input, exclude=exclude, rng=rng)
+    found = candidates(exploration.found, state.test_input, exclude)
     remaining = [(p, out) for p, out in found if out is None or out not in wrong]
     answers = {out for _, out in remaining}
     wide = len(answers) >= WIDE_DISAGREEMENT
@@ -66,19 +93,25 @@ def reply(state: ConversationState, effort: str, search: SearchFn = search) -> R
             return Reply(_program_text(program.source(), output), program.describe())
         if output is not None:
             return Reply(_submit_text(output), program.describe())
+    partial = exploration.partial
+    if partial is not None and (exploration.partial_fit >= COMMIT_FIT or not can_buy):
+        output = _run(partial, state.test_input) if state.test_input is not None else None
+        if state.mode is Mode.PROGRAM and partial.describe() not in exclude:
+            return Reply(_program_text(partial.source(), output), f"partial fit: {partial.describe()}")
+        if state.mode is Mode.ACTION and output is not None and output not in wrong:
+            return Reply(_submit_text(output), f"partial fit: {partial.describe()}")
     return Reply(REQUEST) if can_buy else _fallback(state)
 
 
-@functools.lru_cache(maxsize=256)
-def candidates(search: SearchFn, pairs: tuple[Demo, ...], effort: str, test_input: Grid | None,
-               exclude: frozenset[str]) -> tuple[tuple[Program, Grid | None], ...]:
-    """Programs consistent with `pairs`, simplest first, each with its test output (memoised).
+def candidates(programs: Sequence, test_input: Grid | None,
+               exclude: frozenset[str]) -> tuple[tuple[object, Grid | None], ...]:
+    """Programs that fit, in the order found, each with its test output, one per distinct output.
 
     Candidates whose test output cannot be computed are dropped when there is a test input.
     """
     found = []
     seen: set[Grid] = set()
-    for program in search(pairs, effort, test_input, exclude=exclude):
+    for program in programs:
         if program.describe() in exclude:
             continue
         if test_input is None:

@@ -1,9 +1,17 @@
-"""Deterministic program search over the grid DSL: the embedded solver model's only skill.
+"""Program search over the grid DSL: the embedded solver model's only skill.
 
-A program is a short chain of DSL steps. The search enumerates chains breadth first (fewest
-steps, then the fixed primitive order of `dsl.PRIMITIVES`) and keeps those that map every pair's
-input to its output. It is bounded by counts only (depth, candidates evaluated per level), so the
-same call always returns the same programs.
+A program is a short chain of DSL steps. The search enumerates chains breadth first and keeps
+those that map every pair's input to its output. It is bounded by counts only (depth, candidates
+evaluated per level), never by time.
+
+Two ways to call it:
+- `search`: the exhaustive reference order (fewest steps, then the fixed primitive order of
+  `dsl.PRIMITIVES`) within the level caps of `BUDGETS`; the same call always gives the same programs.
+- `explore`: what the model does on one reply, with bounded compute. It evaluates at most
+  `SAMPLED[effort]` candidate steps, in an order drawn from the generator it is given (the
+  frontier, the primitives after each prefix and their learnt bindings are shuffled), and keeps,
+  beside the programs that fit every pair, the best partial fit: the candidate that reproduces the
+  most pairs, then the most cells. A different generator explores a different part of the space.
 
 Pruning: a candidate step runs on the first pair before any other; each step's result on a pair
 is memoised by (grid, step); and a chain whose grids on every known input (the pairs' inputs, plus
@@ -124,6 +132,7 @@ class Level:
     cap: int
 
 
+# The exhaustive reference caps (`search`).
 BUDGETS: dict[str, tuple[Level, ...]] = {
     "low": (
         Level(_ALL, _SYMMETRY_STEPS | {"crop_bbox"}, 1_000),
@@ -139,6 +148,43 @@ BUDGETS: dict[str, tuple[Level, ...]] = {
         Level(_ALL, _NONE, 200_000),
     ),
 }
+
+
+# The caps of one reply (`explore`): candidates evaluated per level, in a drawn order. They are
+# the embedded model's compute per reply and the one place its skill is set; calibrated only
+# against the seed's first-answer accuracy on first meetings (32 / 47 / 68 % at low / medium /
+# high; see solver_model/CALIBRATION.md and `python bench/solver.py`).
+SAMPLED: dict[str, tuple[Level, ...]] = {
+    "low": (
+        Level(_ALL, _SYMMETRY_STEPS | {"crop_bbox"}, 12),
+        Level(_SYMMETRY_STEPS | {"colour_map", "crop_bbox"}, _NONE, 12),
+    ),
+    "medium": (
+        Level(_ALL, _ALL, 25),
+        Level(_ALL, _NONE, 100),
+    ),
+    "high": (
+        Level(_ALL, _ALL, 300),
+        Level(_ALL, RESTRICTED, 2_000),
+        Level(_ALL, _NONE, 4_000),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What one bounded reply's search found.
+
+    `found`: programs that fit every pair, in the order found (one per distinct test output when
+    a test input was given); `partial`: the best candidate that fits some pairs but not all (None
+    when nothing ran or everything fit); `partial_fit`: its share of pair cells reproduced (0..1;
+    a pair of the wrong shape counts 0); `evaluated`: candidate steps evaluated.
+    """
+
+    found: tuple[Program, ...]
+    partial: Program | None
+    partial_fit: float
+    evaluated: int
 
 
 # --- the search --------------------------------------------------------------------------------
@@ -185,8 +231,27 @@ def search(pairs: Sequence[Demo], effort: str, test_input: Grid | None = None,
     return _Search(pairs, test_input, frozenset(exclude)).run(BUDGETS[effort])
 
 
+def explore(pairs: Sequence[Demo], effort: str, rng: np.random.Generator,
+            test_input: Grid | None = None, exclude: Collection[str] = (),
+            levels: Sequence[Level] | None = None) -> Exploration:
+    """One reply's bounded search: at most the caps of `SAMPLED[effort]` (or `levels`), in an
+    order drawn from `rng`, keeping the best partial fit beside the programs that fit. Programs
+    whose describe() is in `exclude` are neither found nor kept as the partial fit."""
+    if effort not in EFFORTS:
+        raise ValueError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
+    if not pairs:
+        return Exploration((), None, 0.0, 0)
+    run = _Search(pairs, test_input, frozenset(exclude), rng)
+    found = run.run(SAMPLED[effort] if levels is None else levels)
+    partial = None
+    if run.partial is not None:
+        partial = Program(tuple(Step(name, params) for name, params in run.partial))
+    return Exploration(tuple(found), partial, run.partial_score[1], run.evaluated)
+
+
 class _Search:
-    def __init__(self, pairs: Sequence[Demo], test_input: Grid | None, exclude: frozenset[str]) -> None:
+    def __init__(self, pairs: Sequence[Demo], test_input: Grid | None, exclude: frozenset[str],
+                 rng: np.random.Generator | None = None) -> None:
         inputs = [pair.input for pair in pairs] + ([test_input] if test_input is not None else [])
         self.n_pairs = len(pairs)
         self.has_test = test_input is not None
@@ -198,12 +263,19 @@ class _Search:
         self.seen: set[tuple] = set()  # the grids of every chain kept, as prefix or answer
         self.detours: set[tuple] = set()  # the grids of the input and of every prefix that is no answer
         self.found: list[Program] = []
+        # Bounded mode (explore): a drawn order, and the best partial fit kept.
+        self.rng = rng
+        self.partial: tuple[StepKey, ...] | None = None
+        self.partial_score: tuple[int, float] = (0, 0.0)  # (pairs reproduced, share of cells)
+        self.evaluated = 0
 
     def run(self, levels: Sequence[Level]) -> list[Program]:
         # The empty chain is the input itself; as a program it is identity, the first primitive.
         signature = self.root.signature
         if all(self.root.states[i].key == self.output_keys[i] for i in range(self.n_pairs)):
             self._record(_Node((("identity", ()),), self.root.states), signature)
+        elif self.rng is not None:
+            self._score(("identity", ()), (), self.root.states)
         self.seen.add(signature)
         self.detours.add(signature)
         frontier = [self.root]
@@ -237,10 +309,15 @@ class _Search:
         """Try every allowed step after every prefix; record answers; return the next prefixes."""
         next_frontier: list[_Node] = []
         evaluated = 0
+        if self.rng is not None:
+            frontier = [frontier[i] for i in self.rng.permutation(len(frontier))]
         for node in frontier:
             last = node.steps[-1][0] if node.steps else None
             examples = None
-            for primitive in dsl.PRIMITIVES:
+            primitives = dsl.PRIMITIVES
+            if self.rng is not None:
+                primitives = [primitives[i] for i in self.rng.permutation(len(primitives))]
+            for primitive in primitives:
                 name = primitive.name
                 final = name in level.final
                 extend = name in level.extend and not primitive.final_only
@@ -256,10 +333,13 @@ class _Search:
                     if examples is None:
                         examples = [(node.states[i].array, self.outputs[i]) for i in range(self.n_pairs)]
                     bindings = primitive.learn(examples)
+                    if self.rng is not None and len(bindings) > 1:
+                        bindings = [bindings[i] for i in self.rng.permutation(len(bindings))]
                 for params in bindings:
                     if evaluated >= level.cap:
                         return next_frontier
                     evaluated += 1
+                    self.evaluated += 1
                     self._try(node, (name, params), final, extend, next_frontier)
         return next_frontier
 
@@ -271,6 +351,9 @@ class _Search:
                 if states[-1] is not None:  # None only for a test input it does not apply to
                     child = _Node(node.steps + (step,), tuple(states))
                     self._record(child, child.signature)
+            elif self.rng is not None:
+                self._score(step, node.steps, [self._apply(node, index, step)
+                                               for index in range(len(node.states))])
             return
         answer = final
         states = []
@@ -284,10 +367,37 @@ class _Search:
         signature = child.signature
         if answer:
             self._record(child, signature)  # an answer is not extended: its pairs are already right
-        elif signature not in self.seen:
+            return
+        if final and self.rng is not None:
+            self._score(step, node.steps, states)
+        if signature not in self.seen:
             self.seen.add(signature)
             self.detours.add(signature)
             next_frontier.append(child)
+
+    def _score(self, step: StepKey, prefix: tuple[StepKey, ...],
+               states: Sequence[_State | None]) -> None:
+        """Keep the chain as the best partial fit if it beats the one held (and applies to the
+        test input): more pairs reproduced, then a larger share of pair cells right."""
+        if self.has_test and states[-1] is None:
+            return
+        matched, cells = 0, 0.0
+        for index in range(self.n_pairs):
+            state = states[index]
+            if state is None or state.array.shape != self.outputs[index].shape:
+                continue
+            if state.key == self.output_keys[index]:
+                matched += 1
+                cells += 1.0
+            else:
+                cells += float(np.mean(state.array == self.outputs[index]))
+        score = (matched, cells / self.n_pairs)
+        if score <= self.partial_score:
+            return
+        steps = prefix + (step,) if step[0] != "identity" or prefix else (step,)
+        if Program(tuple(Step(n, p) for n, p in steps)).describe() in self.exclude:
+            return
+        self.partial, self.partial_score = steps, score
 
     def _record(self, child: _Node, signature: tuple) -> None:
         # With a test input the signature holds the test output: one program per distinct answer.

@@ -45,6 +45,7 @@ MODEL = "carc-solver"
 MODEL_IDS = (MODEL,) + tuple(f"{MODEL}-{effort}" for effort in EFFORTS)
 EFFORT_ENV = "CARC_SOLVER_EFFORT"
 USAGE_LOG_ENV = "CARC_SOLVER_USAGE_LOG"
+SEED_ENV = "CARC_SOLVER_SEED"
 # Reasoning-effort values other OpenAI models accept, mapped onto the search's three levels.
 EFFORT_ALIASES = {"none": "low", "minimal": "low", "xhigh": "high"}
 STREAM_PIECES = 4
@@ -200,11 +201,11 @@ class Answer:
 
 
 def answer_conversation(messages: Sequence[Mapping[str, Any]], effort: str, extra_prompt: Any = None,
-                        search: SearchFn | None = None) -> Answer:
+                        search: SearchFn | None = None, seed: int = 0) -> Answer:
     """Read the conversation and run the policy (CPU-bound: called in a worker thread)."""
     start = time.perf_counter()
     state = read_conversation(messages)
-    result = reply(state, effort) if search is None else reply(state, effort, search)
+    result = reply(state, effort, search, seed)
     elapsed = (time.perf_counter() - start) * 1000
     prompt = [message_text(m.get("content")) for m in messages]
     prompt += [json.dumps(m["tool_calls"]) for m in messages if m.get("tool_calls")]
@@ -222,7 +223,7 @@ def _pieces(text: str, count: int) -> list[str]:
 # --- the app ----------------------------------------------------------------------------------
 
 def create_app(effort_default: str = "medium", search: SearchFn | None = None,
-               threads: int = 4, usage_log: str | None = None) -> FastAPI:
+               threads: int = 4, usage_log: str | None = None, seed: int = 0) -> FastAPI:
     """The FastAPI app. `search` replaces the real program search (tests inject one).
 
     `usage_log`: a file that gets one JSON line per answered request with the tokens counted
@@ -252,7 +253,8 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
     async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any) -> Answer:
         loop = asyncio.get_running_loop()
         try:
-            answer = await loop.run_in_executor(pool, answer_conversation, messages, effort, extra_prompt, search)
+            answer = await loop.run_in_executor(pool, answer_conversation, messages, effort,
+                                                extra_prompt, search, seed)
         except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
             raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
                                "server_error") from exc
@@ -386,11 +388,13 @@ def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
 def app_from_environment() -> FastAPI:
     """App factory for uvicorn workers: the default effort comes from $CARC_SOLVER_EFFORT."""
     return create_app(os.environ.get(EFFORT_ENV, "medium"),
-                      usage_log=os.environ.get(USAGE_LOG_ENV) or None)
+                      usage_log=os.environ.get(USAGE_LOG_ENV) or None,
+                      seed=int(os.environ.get(SEED_ENV, "0")))
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
-          workers: int = 1, log_level: str = "info", usage_log: str | None = None) -> None:
+          workers: int = 1, log_level: str = "info", usage_log: str | None = None,
+          seed: int = 0) -> None:
     """Run the server until interrupted; `workers` processes share the port (search is CPU-bound).
 
     Blocks; stop it with SIGINT or SIGTERM.
@@ -400,6 +404,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medi
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     os.environ[EFFORT_ENV] = effort_default  # read by app_from_environment in every worker
+    os.environ[SEED_ENV] = str(seed)
     if usage_log:
         os.environ[USAGE_LOG_ENV] = usage_log
     uvicorn.run("solver_model.server:app_from_environment", factory=True, host=host, port=port,

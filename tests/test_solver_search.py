@@ -219,3 +219,64 @@ def test_search_never_raises_and_only_returns_consistent_programs(pairs, test_in
         assert consistent(program, pairs)
         if test_input is not None:
             assert program(test_input) is not None
+
+
+# --- explore: one reply's bounded search in a drawn order -------------------------------------
+
+import numpy as np  # noqa: E402
+
+from solver_model.search import SAMPLED, Level, explore  # noqa: E402
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("effort", EFFORTS)
+def test_explore_evaluates_at_most_the_caps_of_its_effort(effort):
+    pairs = pairs_of(CROP_SCALE_MAP, [scene(1, 1), scene(2, 2)])
+    for seed in range(5):
+        result = explore(pairs, effort, rng(seed), scene(3, 3))
+        assert 0 < result.evaluated <= sum(level.cap for level in SAMPLED[effort])
+
+
+def test_explore_is_deterministic_given_the_generator_and_differs_across_generators():
+    pairs = [Demo(G("1230", "0012"), G("4560", "0045"))]  # a colour map; many chains also fit
+    runs = {seed: explore(pairs, "medium", rng(seed), G("2103")) for seed in range(8)}
+    again = explore(pairs, "medium", rng(3), G("2103"))
+    assert [p.describe() for p in again.found] == [p.describe() for p in runs[3].found]
+    orders = {tuple(p.describe() for p in run.found) for run in runs.values()}
+    assert len(orders) > 1  # another draw explores another part of the space
+
+
+def test_explore_only_finds_programs_that_fit_and_keeps_a_partial_fit_that_does_not():
+    # flip_h fits the first pair only; nothing in two steps fits the second.
+    pairs = [Demo(G("12", "34"), G("21", "43")), Demo(G("56", "78"), G("99", "99"))]
+    level = Level(frozenset({"flip_h", "flip_v", "rot90"}), frozenset(), 10)
+    result = explore(pairs, "low", rng(0), G("10", "01"), levels=(level,))
+    assert result.found == ()
+    assert result.partial is not None and result.partial.describe() == "flip_h"
+    assert result.partial_fit == pytest.approx(0.5)  # pair one right, pair two no cell right
+    assert not consistent(result.partial, pairs)
+
+
+def test_explore_never_keeps_an_excluded_program_as_its_partial_fit():
+    pairs = [Demo(G("12", "34"), G("21", "43")), Demo(G("56", "78"), G("99", "99"))]
+    level = Level(frozenset({"flip_h", "flip_v", "rot90"}), frozenset(), 10)
+    result = explore(pairs, "low", rng(0), G("10", "01"), exclude={"flip_h"}, levels=(level,))
+    assert result.partial is None or result.partial.describe() != "flip_h"
+
+
+def test_explore_with_a_cap_too_small_misses_what_a_larger_cap_finds():
+    pairs = pairs_of(CROP_THEN_SCALE, [scene(1, 1), scene(2, 2)])
+    wide = SAMPLED["high"]
+    narrow = tuple(Level(level.extend, level.final, 1) for level in wide)
+    hits = sum(bool(explore(pairs, "high", rng(seed), scene(3, 3), levels=wide).found)
+               for seed in range(4))
+    misses = sum(not explore(pairs, "high", rng(seed), scene(3, 3), levels=narrow).found
+                 for seed in range(4))
+    assert hits == 4 and misses == 4
+
+
+def test_explore_with_no_pairs_evaluates_nothing():
+    assert explore([], "low", rng(0), G("1")).evaluated == 0

@@ -286,7 +286,7 @@ def test_serve_runs_two_workers_with_the_real_search_in_a_subprocess():
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-c", "from solver_model.server import serve; "
-                               f"serve('127.0.0.1', {port}, 'low', 2, log_level='warning')"],
+                               f"serve('127.0.0.1', {port}, 'high', 2, log_level='warning')"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
@@ -301,10 +301,10 @@ def test_serve_runs_two_workers_with_the_real_search_in_a_subprocess():
         client = openai_client(f"http://127.0.0.1:{port}/v1")
         completion = client.chat.completions.create(model="carc-solver",
                                                     messages=instance_messages())
-        assert completion.model_extra["carc"]["effort"] == "low"
+        assert completion.model_extra["carc"]["effort"] == "high"
         assert extract_action(completion.choices[0].message.content).grid == as_grid(FLIPPED)
         health = httpx.get(f"http://127.0.0.1:{port}/health").json()
-        assert health["effort_default"] == "low"
+        assert health["effort_default"] == "high"
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -69,6 +69,8 @@ class ModelConfig(_Strict):
     output_usd_per_mtok: float = Field(0.0, ge=0)
     timeout_s: float = Field(600.0, gt=0)
     max_tokens: int | None = None
+    seed: int = Field(0, ge=0, description="the embedded model's seed (with each conversation, it "
+                                           "seeds the reply's search order); ignored by an endpoint")
 
     @field_validator("endpoint")
     @classmethod

@@ -51,7 +51,8 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
             out = open(log_dir / f"model-server-{number}.log", "ab")
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
                    host, "--port", str(port),
-                   "--usage-log", str(log_dir / f"model-usage-{number}.jsonl")]
+                   "--usage-log", str(log_dir / f"model-usage-{number}.jsonl"),
+                   "--seed", str(grid.model.seed)]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
             out.close()
