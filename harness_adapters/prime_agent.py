@@ -427,6 +427,7 @@ def fetch_archive(url: str, expected: str, folder: Path) -> Path:
                 f"refused the prime-agent source downloaded from {url}: its files have sha256 {actual}, "
                 f"expected {expected} (ARCHIVE_FILES_SHA256, the files of commit {PRIME_AGENT_COMMIT}); "
                 f"nothing was used. Check {URL_ENV} if set, or {offline_fix}")
+        os.chmod(part.name, 0o644)  # a cache entry like the others, not a private temporary file
         try:
             os.link(part.name, target)
         except FileExistsError:
