@@ -1,7 +1,8 @@
 """prime-agent as a black-box learner: its RPC mode inside the sandbox, one session per instance.
 
 prime-agent is not on npm or PyPI, so its image is built from a source checkout (or source
-tarball) the user supplies in CARC_PRIME_AGENT_SOURCE: the host runs `npm ci --ignore-scripts` in
+tarball) the user supplies in CARC_PRIME_AGENT_SOURCE, or else from GitHub's archive of the pinned
+commit, downloaded once and checked against a pinned sha256: the host runs `npm ci --ignore-scripts` in
 a copy and wheels the Python kernel's packages; the image build (offline) compiles and bundles
 with the base image's Node 24. In the sandbox, one `prime-agent --mode rpc` process per cell
 talks JSON lines on stdin/stdout; behind it prime-agent starts its own daemon and a worker that
@@ -20,6 +21,8 @@ import shutil
 import tarfile
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -358,15 +361,87 @@ def _state(cell: HarnessCell) -> PrimeAgentState:
 
 # --- the image's inputs: the supplied source, installed and checked on the host -----------------
 
+# With no source supplied, GitHub's archive of the pinned commit is downloaded (URL_ENV: a mirror of it).
+ARCHIVE_URL = f"{REPOSITORY}/archive/{PRIME_AGENT_COMMIT}.tar.gz"
+URL_ENV = "CARC_PRIME_AGENT_URL"
+# The sha256 of the archive's files (`files_digest`), not of its bytes. GitHub generates the archive
+# on request (top folder prime-agent-<commit>/, its own gzip), so no other archive of the commit
+# has its bytes, and their digest could not be learnt where this was pinned (no GitHub access).
+# Pinned from `git archive --prefix=prime-agent/ e319a66d7` (shared/vendor/prime-agent-e319a66d7.tar.gz,
+# bytes sha256 bafedca67e983e88ad2ef6c6844014830ff0e3487951d1fdff3866631db4e5e7): git archive
+# of the same commit writes the same files whatever the top folder and compression, so GitHub's
+# archive should match; that has not been checked against GitHub itself.
+ARCHIVE_FILES_SHA256 = "1b3f19520b002c8442d23e88909db89f67cc01c9b18980071e584790c92a36f6"
+DOWNLOAD_TIMEOUT_S = 120.0
+
+
+def files_digest(archive: Path) -> str:
+    """The sha256 of a source tarball's files below its one top folder: each file's path, whether
+    it is executable, and its bytes (a symlink's target), in path order. Directories, owners,
+    times and the compression are left out, so every `git archive` of one commit gives one digest."""
+    entries: list[tuple[str, bytes]] = []
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() or m.issym()]
+        tops = {m.name.split("/", 1)[0] for m in members}
+        strip = len(next(iter(tops))) + 1 if len(tops) == 1 and all("/" in m.name for m in members) else 0
+        for member in members:
+            if member.issym():
+                content = b"l" + member.linkname.encode()
+            else:
+                handle = tar.extractfile(member)
+                assert handle is not None  # a regular file always has content
+                content = (b"x" if member.mode & 0o111 else b"-") + hashlib.file_digest(handle, "sha256").digest()
+            entries.append((member.name[strip:], content))
+    sha = hashlib.sha256()
+    for name, content in sorted(entries):
+        sha.update(name.encode() + b"\0" + content)
+    return sha.hexdigest()
+
+
+def fetch_archive(url: str, expected: str, folder: Path) -> Path:
+    """The archive at `url` whose files have sha256 `expected`, kept as `folder/<expected>.tar.gz`
+    (content-addressed: it is only renamed there once verified, so a later call downloads nothing)."""
+    target = folder / f"{expected}.tar.gz"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    offline_fix = (f"without internet, set {SOURCE_ENV} to a checkout or .tar.gz of {REPOSITORY} "
+                   f"at {PRIME_AGENT_COMMIT}")
+    with tempfile.NamedTemporaryFile(dir=folder, suffix=".part") as part:
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                shutil.copyfileobj(response, part)
+            part.flush()
+        except (urllib.error.URLError, OSError) as exc:
+            reason = (f"HTTP {exc.code} {exc.reason}" if isinstance(exc, urllib.error.HTTPError)
+                      else getattr(exc, "reason", None) or exc)
+            raise ImageBuildError(f"cannot download prime-agent's source from {url}: {reason}; "
+                                  f"{offline_fix}") from None
+        try:
+            actual = files_digest(Path(part.name))
+        except (tarfile.TarError, OSError) as exc:
+            raise ImageBuildError(f"{url} did not give a .tar.gz of prime-agent's source ({exc}); "
+                                  f"{offline_fix}") from None
+        if actual != expected:
+            raise ImageBuildError(
+                f"refused the prime-agent source downloaded from {url}: its files have sha256 {actual}, "
+                f"expected {expected} (ARCHIVE_FILES_SHA256, the files of commit {PRIME_AGENT_COMMIT}); "
+                f"nothing was used. Check {URL_ENV} if set, or {offline_fix}")
+        os.chmod(part.name, 0o644)  # a cache entry like the others, not a private temporary file
+        try:
+            os.link(part.name, target)
+        except FileExistsError:
+            pass  # another build verified the same archive meanwhile
+    return target
+
+
 def supplied_source() -> Path:
-    """The checkout or source tarball named by CARC_PRIME_AGENT_SOURCE."""
+    """The checkout or source tarball named by CARC_PRIME_AGENT_SOURCE; without it, the pinned
+    commit's archive, downloaded (once) and verified."""
     raw = os.environ.get(SOURCE_ENV, "")
     if not raw:
-        raise ImageBuildError(
-            f"the prime-agent image is built from a source you supply (prime-agent is on neither npm nor "
-            f"PyPI): set {SOURCE_ENV} to a checkout of {REPOSITORY} at commit {PRIME_AGENT_COMMIT} "
-            f"(v{PRIME_AGENT_VERSION}), or to a .tar.gz of one (`git archive --format=tar.gz "
-            f"{PRIME_AGENT_COMMIT[:9]}` or GitHub's source archive)")
+        return fetch_archive(os.environ.get(URL_ENV) or ARCHIVE_URL, ARCHIVE_FILES_SHA256,
+                             cache_dir() / "prime-agent" / "archives")
     path = Path(raw).expanduser().resolve()
     if not (path.is_dir() or (path.is_file() and path.name.endswith((".tar.gz", ".tgz")))):
         raise ImageBuildError(f"{SOURCE_ENV}={raw}: not a directory or a .tar.gz file")

@@ -53,11 +53,23 @@ def test_unknown_key_is_refused_with_its_name(tmp_path):
     assert f"{path}:8: effort: Extra inputs are not permitted" in str(err.value)
 
 
-def test_rearc_source_without_a_path_says_what_to_set(tmp_path):
+def test_rearc_source_without_a_path_says_what_to_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("CARC_REARC_PATH", raising=False)
     path = write(tmp_path, GOOD.replace("{name: own, tasks: 3, epilogue: 2}", "{name: arc1, source: rearc}"))
     with pytest.raises(GridFileError) as err:
         load_grid(path)
-    assert "rearc_path" in str(err.value) and ":2: track" in str(err.value)
+    assert "rearc_path" in str(err.value) and "CARC_REARC_PATH" in str(err.value) and ":2: track" in str(err.value)
+
+
+def test_carc_rearc_path_serves_a_grid_that_asks_for_rearc_and_never_turns_frames_into_rearc(tmp_path, monkeypatch):
+    monkeypatch.setenv("CARC_REARC_PATH", str(tmp_path / "re-arc"))
+    asks = write(tmp_path, GOOD.replace("{name: own, tasks: 3, epilogue: 2}", "{name: arc1, source: rearc}"))
+    assert load_grid(asks).track.rearc_path == (tmp_path / "re-arc").resolve()
+    plain = write(tmp_path, GOOD.replace("{name: own, tasks: 3, epilogue: 2}", "{name: arc1}"))
+    assert load_grid(plain).track.source == "frames" and load_grid(plain).track.rearc_path is None
+    named = write(tmp_path, GOOD.replace("{name: own, tasks: 3, epilogue: 2}",
+                                         "{name: arc1, source: rearc, rearc_path: mine}"))
+    assert load_grid(named).track.rearc_path == (tmp_path / "mine").resolve()
 
 
 def test_a_row_the_learner_does_not_have_is_refused(tmp_path):

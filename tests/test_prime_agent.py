@@ -9,11 +9,16 @@ built from (CARC_PRIME_AGENT_SOURCE) and are skipped without it.
 
 from __future__ import annotations
 
+import functools
+import gzip
+import http.server
 import io
 import json
 import os
+import socket
 import subprocess
 import tarfile
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,10 @@ from harness_adapters import prime_agent
 from harness_adapters.base import InstanceView
 from harness_adapters.harness import PROGRAMS_DIR, FailureKind, HarnessCell, HarnessError
 from harness_adapters.registry import adapter as adapter_for
-from harness_adapters.prime_agent import (AGENT_DIR, ENVIRONMENT, LAUNCH, PRIME_AGENT_COMMIT, SOURCE_ENV,
-                                          RpcClient, check_source, render_models, render_settings,
-                                          source_commit, source_digest)
+from harness_adapters.prime_agent import (AGENT_DIR, ARCHIVE_FILES_SHA256, ENVIRONMENT, LAUNCH,
+                                          PRIME_AGENT_COMMIT, SOURCE_ENV, URL_ENV, RpcClient, check_source,
+                                          fetch_archive, files_digest, render_models, render_settings,
+                                          source_commit, source_digest, supplied_source)
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Verdict
 from sandboxes.environment import ExecResult
@@ -465,11 +471,14 @@ def test_logs_are_every_file_in_the_agent_log_folder_collected_incrementally(tmp
 
 # --- the image's inputs -----------------------------------------------------------------------
 
-def test_building_without_the_source_names_the_variable_and_the_commit(monkeypatch):
+def test_building_with_no_source_and_no_download_names_the_variable_and_the_commit(monkeypatch, tmp_path):
     monkeypatch.delenv(SOURCE_ENV, raising=False)
+    monkeypatch.setenv("CARC_CACHE", str(tmp_path))
+    monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{closed_port()}/prime-agent.tar.gz")
     with pytest.raises(ImageBuildError) as failure:
         PRIME.recipe.inputs["prime-agent.tar"]()
     assert SOURCE_ENV in str(failure.value) and PRIME_AGENT_COMMIT in str(failure.value)
+    assert "cannot download" in str(failure.value)
     monkeypatch.setenv(SOURCE_ENV, "/nonexistent/prime-agent.zip")
     with pytest.raises(ImageBuildError, match="not a directory or a .tar.gz"):
         PRIME.recipe.inputs["kernel-wheels"]()
@@ -524,6 +533,130 @@ def test_the_source_digest_ignores_installed_and_built_files(tmp_path):
     assert source_digest(tree) == before
     (tree / "packages" / "coding-agent" / "cli.ts").write_text("changed")
     assert source_digest(tree) != before
+
+
+# --- the download when no source is supplied (a real HTTP server on 127.0.0.1, no Docker) --------
+
+def git_archive_like(path: Path, top: str, files: dict[str, bytes], level: int = 9) -> Path:
+    """A tarball as `git archive` writes one: a pax comment naming the commit, one top folder."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": PRIME_AGENT_COMMIT}) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode = len(data), 0o775 if name.endswith(".sh") else 0o664
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(gzip.compress(raw.getvalue(), compresslevel=level, mtime=0))
+    return path
+
+
+class Served:
+    """A folder served over HTTP on 127.0.0.1 in a thread; `requests` counts the GETs."""
+
+    def __init__(self, folder: Path):
+        served = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def do_GET(self):
+                served.requests += 1
+                super().do_GET()
+
+            def log_message(self, *args):
+                pass
+
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    folder = tmp_path / "served"
+    folder.mkdir()
+    server = Served(folder)
+    yield folder, server
+    server.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+FILES = {"package.json": b'{"version": "0.8.0"}', "scripts/build.sh": b"echo hi\n", "README.md": b"# pa\n"}
+
+
+def test_the_files_digest_is_the_same_for_any_top_folder_and_compression_and_changes_with_a_file(tmp_path):
+    ours = files_digest(git_archive_like(tmp_path / "a.tar.gz", "prime-agent", FILES))
+    github_like = git_archive_like(tmp_path / "b.tar.gz", f"prime-agent-{PRIME_AGENT_COMMIT}", FILES, level=6)
+    assert files_digest(github_like) == ours
+    assert github_like.read_bytes() != (tmp_path / "a.tar.gz").read_bytes()
+    changed = git_archive_like(tmp_path / "c.tar.gz", "prime-agent", {**FILES, "README.md": b"# pa!\n"})
+    assert files_digest(changed) != ours
+
+
+def test_a_download_whose_files_match_the_pinned_digest_is_used_and_kept_for_the_next_build(served, tmp_path):
+    folder, server = served
+    archive = git_archive_like(folder / "pa.tar.gz", f"prime-agent-{PRIME_AGENT_COMMIT}", FILES)
+    expected = files_digest(archive)
+    got = fetch_archive(server.url("pa.tar.gz"), expected, tmp_path / "cache")
+    assert got == tmp_path / "cache" / f"{expected}.tar.gz" and got.read_bytes() == archive.read_bytes()
+    server.stop()  # the second build finds it in the cache: no server needed, nothing downloaded
+    assert fetch_archive(server.url("pa.tar.gz"), expected, tmp_path / "cache") == got
+    assert server.requests == 1
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [got.name]
+
+
+def test_a_download_with_another_digest_is_refused_naming_expected_and_actual(served, tmp_path):
+    folder, server = served
+    archive = git_archive_like(folder / "pa.tar.gz", "prime-agent", {**FILES, "README.md": b"tampered\n"})
+    expected = files_digest(git_archive_like(tmp_path / "good.tar.gz", "prime-agent", FILES))
+    with pytest.raises(ImageBuildError) as failure:
+        fetch_archive(server.url("pa.tar.gz"), expected, tmp_path / "cache")
+    message = str(failure.value)
+    assert f"expected {expected}" in message and f"sha256 {files_digest(archive)}" in message
+    assert "refused" in message and SOURCE_ENV in message
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing kept, nothing used
+
+
+def test_a_download_that_is_not_a_tarball_or_not_there_says_so(served, tmp_path):
+    folder, server = served
+    (folder / "page.html").write_text("<html>rate limited</html>")
+    with pytest.raises(ImageBuildError, match="did not give a .tar.gz"):
+        fetch_archive(server.url("page.html"), "0" * 64, tmp_path / "cache")
+    with pytest.raises(ImageBuildError, match="cannot download .*404"):
+        fetch_archive(server.url("missing.tar.gz"), "0" * 64, tmp_path / "cache")
+    down = f"http://127.0.0.1:{closed_port()}/pa.tar.gz"
+    with pytest.raises(ImageBuildError, match=f"cannot download prime-agent's source from {down}: .*refused"):
+        fetch_archive(down, "0" * 64, tmp_path / "cache")
+
+
+VENDORED = os.environ.get(SOURCE_ENV, "")
+
+
+@pytest.mark.skipif(not VENDORED.endswith(".tar.gz"), reason=f"set {SOURCE_ENV} to the `git archive` tarball "
+                    f"of {PRIME_AGENT_COMMIT[:9]} (scripts/test.sh does, from ../shared/vendor/)")
+def test_with_no_source_set_the_pinned_commits_archive_is_downloaded_verified_and_cached(served, tmp_path, monkeypatch):
+    """The real prime-agent tarball, re-served under GitHub's archive name: the pinned digest is its files'."""
+    folder, server = served
+    name = f"{PRIME_AGENT_COMMIT}.tar.gz"
+    (folder / name).write_bytes(Path(VENDORED).read_bytes())
+    assert files_digest(folder / name) == ARCHIVE_FILES_SHA256
+    monkeypatch.delenv(SOURCE_ENV)
+    monkeypatch.setenv("CARC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(URL_ENV, server.url(name))
+    first = supplied_source()
+    assert first.read_bytes() == Path(VENDORED).read_bytes() and source_commit(first) == PRIME_AGENT_COMMIT
+    assert supplied_source() == first and server.requests == 1
 
 
 # --- live: the real prime-agent in its sandbox ------------------------------------------------

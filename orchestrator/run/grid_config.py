@@ -6,6 +6,7 @@ Validation errors name the file, the line and the field, e.g.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from harness_adapters.chat_model import ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.rows import label
+from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
 
 # harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/learners.yaml)
@@ -55,9 +57,12 @@ class TrackConfig(_Strict):
             self.source = "rearc" if self.rearc_path else "frames"
         if self.name != "arc1" and self.source not in (None, "own" if self.name == "own" else "frames"):
             raise ValueError(f"source {self.source!r} is only for track arc1")
+        if self.source == "rearc" and self.rearc_path is None and os.environ.get(REARC_PATH_ENV):
+            # only for an explicit `source: rearc`: the variable never turns a frames grid into Re-ARC
+            self.rearc_path = Path(os.environ[REARC_PATH_ENV]).expanduser().resolve()
         if self.source == "rearc" and self.rearc_path is None:
-            raise ValueError("source rearc needs rearc_path: the folder of a Re-ARC checkout "
-                             "(git clone of michaelhodel/re-arc)")
+            raise ValueError(f"source rearc needs rearc_path (or the variable {REARC_PATH_ENV}): the folder "
+                             "of a Re-ARC checkout (git clone of michaelhodel/re-arc)")
         return self
 
 

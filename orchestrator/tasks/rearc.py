@@ -1,6 +1,7 @@
 """Fresh ARC-AGI-1 training instances from a user's Re-ARC checkout (github michaelhodel/re-arc).
 
-Re-ARC is never vendored: the user clones it and sets `track.rearc_path`. Its `generators.py` and
+Re-ARC is never vendored: the user clones it and sets `track.rearc_path` (or, for a grid that
+says `source: rearc` and names no path, the environment variable CARC_REARC_PATH). Its `generators.py` and
 `verifiers.py` run in a worker process, not in ours, because:
 - they import modules with generic names (`dsl`, `utils`) from the checkout, which must not shadow
   or be shadowed by ours; a separate process keeps its `sys.path` and `sys.modules` apart;
@@ -37,6 +38,7 @@ from orchestrator.tasks.base import MAX_DEMOS, ArcInstance, derive_seed
 
 REARC_REPO = "https://github.com/michaelhodel/re-arc"
 CONFIG_FIELD = "track.rearc_path"
+PATH_ENV = "CARC_REARC_PATH"  # the checkout when a grid asks for source rearc and names none
 WORKER_START_S = 120.0
 
 # Why an attempt was rejected; `ReArcSource.rejected` counts them.
