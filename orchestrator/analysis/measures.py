@@ -280,24 +280,29 @@ def _quantiles(stats: np.ndarray, qs: Sequence[float]) -> np.ndarray:
     return bounds
 
 
+def mde_factor(level: float = LEVEL, power: float = POWER) -> float:
+    """z_{1-alpha/2} + z_power, alpha = 1 - level: the minimum detectable effect in standard
+    errors (2.80 at 95% and 80%)."""
+    z = NormalDist().inv_cdf
+    return z(1.0 - (1.0 - level) / 2.0) + z(power)
+
+
 def sensitivity(resampled: np.ndarray, level: float = LEVEL, power: float = POWER) -> Sensitivity:
     """The sensitivity of a paired difference a - b (negative: a saves) from its bootstrap
     resamples (axis 0; one column per difference, or a 1-D array for one): `bound` =
     max(0, -(the 1 - level quantile)), the saving beyond which the data exclude, one-sided at
-    `level`; `mde` = (z_{1-alpha/2} + z_power) * SE, the minimum detectable effect of a
+    `level`; `mde` = `mde_factor` * SE, the minimum detectable effect of a
     two-sided test at alpha = 1 - level with `power` (2.80 * SE at 95% and 80%), SE the
     standard deviation of the resamples. Non-finite resamples are left out; NaN if none is left."""
     stats = np.asarray(resampled, dtype=float)
     one = stats.ndim == 1
     stats = stats.reshape(len(stats), -1)
-    alpha = 1.0 - level
-    low = _quantiles(stats, [alpha])[0]
+    low = _quantiles(stats, [1.0 - level])[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # fewer than two finite resamples: NaN
         se = np.nanstd(np.where(np.isfinite(stats), stats, np.nan), axis=0, ddof=1)
-    z = NormalDist().inv_cdf
     bound = np.maximum(-low, 0.0) + 0.0  # + 0.0: a bound of -0.0 reads 0
-    mde = (z(1.0 - alpha / 2.0) + z(power)) * se
+    mde = mde_factor(level, power) * se
     return Sensitivity(float(bound[0]), float(mde[0])) if one else Sensitivity(bound, mde)
 
 
