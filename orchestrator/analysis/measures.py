@@ -298,9 +298,13 @@ def sensitivity(resampled: np.ndarray, level: float = LEVEL, power: float = POWE
     one = stats.ndim == 1
     stats = stats.reshape(len(stats), -1)
     low = _quantiles(stats, [1.0 - level])[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # fewer than two finite resamples: NaN
-        se = np.nanstd(np.where(np.isfinite(stats), stats, np.nan), axis=0, ddof=1)
+    finite = np.isfinite(stats)
+    if finite.all():
+        se = stats.std(axis=0, ddof=1)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # fewer than two finite resamples: NaN
+            se = np.nanstd(np.where(finite, stats, np.nan), axis=0, ddof=1)
     bound = np.maximum(-low, 0.0) + 0.0  # + 0.0: a bound of -0.0 reads 0
     mde = mde_factor(level, power) * se
     return Sensitivity(float(bound[0]), float(mde[0])) if one else Sensitivity(bound, mde)
