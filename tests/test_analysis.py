@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from orchestrator.analysis import measures
 from orchestrator.analysis.measures import (analyse, bootstrap_mean_ci, cell_table, differences_from_floor,
                                             exposure_table, forward_transfer, gap_table, instances_frame,
-                                            paired_difference, pooled_table, task_bootstrap, twin_cells,
-                                            twin_table, unfinished_instances)
+                                            paired_difference, pooled_table, sensitivity, task_bootstrap,
+                                            twin_cells, twin_table, unfinished_instances)
 from orchestrator.analysis.tables import run_measures
 from orchestrator.records import Event
 
@@ -174,6 +174,66 @@ def test_differences_from_floor_pair_each_cell_with_the_floor_of_its_own_schedul
     row = table.iloc[0]
     assert (row["floor"], row["mean"], row["pairs"]) == (floor, -0.125, 2)
     assert (row["lo"], row["hi"]) == (-0.25, 0.0)
+    # resamples: -.25 ({t1,t1}, 1 in 4), 0 ({t2,t2}) or -.125: savings beyond 25 points excluded;
+    # the resamples' SD is sqrt(1/128) = .088, so the MDE is 2.80 x .088 = .25 up to resampling
+    assert row["bound"] == 0.25
+    assert row["mde"] == pytest.approx(2.8016 * (1 / 128) ** 0.5, rel=0.1)
+
+
+# --- the sensitivity of a paired difference -----------------------------------------------------
+
+def test_a_difference_that_is_always_zero_excludes_any_saving_and_has_no_detectable_effect_size():
+    assert sensitivity(np.zeros(1000)) == (0.0, 0.0)
+    df, cells = frame_of({"demo-cache-floor": [("t1", 2), ("t2", 16), ("t1", 0)],
+                          "stateless-floor": [("t1", 2), ("t2", 16), ("t1", 0)]})
+    row = differences_from_floor(df, cells, rng(), n=1000).iloc[0]
+    assert (row["mean"], row["bound"], row["mde"]) == (0.0, 0.0, 0.0)
+
+
+def test_the_sensitivity_of_a_normal_difference_is_its_5th_percentile_and_2_80_sds():
+    saving = np.random.default_rng(1).normal(-0.10, 0.02, 200_000)  # a saving of 10 +- 2 points
+    bound, mde = sensitivity(saving)
+    assert bound == pytest.approx(0.10 + 1.6449 * 0.02, abs=5e-4)
+    assert mde == pytest.approx((1.9600 + 0.8416) * 0.02, abs=5e-4)
+    assert measures.POWER == 0.8 and sensitivity(saving, power=0.5).mde == pytest.approx(
+        1.96 * 0.02, abs=5e-4)
+
+
+def test_a_difference_that_is_surely_a_loss_excludes_every_saving():
+    bound, mde = sensitivity(np.random.default_rng(2).normal(0.3, 0.05, 10_000))
+    assert bound == 0.0 and mde == pytest.approx(2.8016 * 0.05, rel=0.05)
+
+
+def test_undefined_resamples_are_left_out_of_the_sensitivity_and_none_left_is_nan():
+    values = np.r_[np.linspace(-1.0, 1.0, 101), np.nan, np.inf]
+    bound, mde = sensitivity(np.c_[values, np.full(103, np.nan)])
+    assert bound[0] == pytest.approx(-np.quantile(np.linspace(-1.0, 1.0, 101), 0.05))
+    assert mde[0] == pytest.approx(2.8016 * np.linspace(-1.0, 1.0, 101).std(ddof=1), rel=1e-4)
+    assert np.isnan(bound[1]) and np.isnan(mde[1])
+
+
+def test_task_bootstrap_states_a_differences_sensitivity_from_its_own_resamples():
+    gen = np.random.default_rng(4)
+    tasks = np.repeat([f"t{k:02d}" for k in range(30)], 5)
+    diff = gen.normal(-0.08, 0.3, len(tasks)) + np.repeat(gen.normal(0, 0.1, 30), 5)
+    sums = measures.mean_sums(pd.DataFrame({"key": "a", "task": tasks}), {"d": diff})
+    draws = measures.TaskResamples(rng(), n=4000)
+    row = task_bootstrap(sums, "key", measures.means(["d"]), draws, differences=["d"]).iloc[0]
+    # the same resamples by hand: the draw counts of the sorted task ids, each resample's mean
+    weights = draws.counts(sorted(set(tasks)))
+    per_task = pd.Series(diff).groupby(tasks).agg(["sum", "count"])
+    means_of_resamples = (weights @ per_task["sum"].to_numpy()) / (weights @ per_task["count"].to_numpy())
+    assert row["d_bound"] == pytest.approx(max(0.0, -np.quantile(means_of_resamples, 0.05)), rel=1e-12)
+    assert row["d_mde"] == pytest.approx(2.8016 * means_of_resamples.std(ddof=1), rel=1e-4)
+    assert row["d_bound"] > 0.0  # a saving of about 8 points: the bound is above it, not 0
+    assert (row["d_lo"], row["d_hi"]) == pytest.approx(tuple(np.quantile(means_of_resamples,
+                                                                         [0.025, 0.975])))
+
+
+def test_task_bootstrap_refuses_a_difference_its_statistic_does_not_give():
+    sums = measures.mean_sums(pd.DataFrame({"key": ["a"], "task": ["t1"]}), {"d": [0.5]})
+    with pytest.raises(ValueError, match=r"differences \['budget'\] are not statistics"):
+        task_bootstrap(sums, "key", measures.means(["d"]), rng(), n=10, differences=["budget"])
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -218,6 +278,7 @@ def test_forward_transfer_is_epilogue_minus_fresh_paired_by_task_by_hand():
     assert (row["epilogue"], row["fresh"], row["tasks"]) == (0.625, 0.75, 2)
     # task diffs -4/16 and 0: mean -.125, resamples -.25, 0 or -.125
     assert (row["mean"], row["lo"], row["hi"]) == (-0.125, -0.25, 0.0)
+    assert row["bound"] == 0.25 and row["mde"] == pytest.approx(2.8016 * (1 / 128) ** 0.5, rel=0.1)
 
 
 # --- the per-cell measures ----------------------------------------------------------------------
@@ -363,6 +424,8 @@ def test_twin_table_is_the_slot_paired_saving_against_the_twin_and_the_demo_cach
     assert library["twin"] == "program-library-wiped.medium.workstreams.s0"
     assert (library["twin_mean"], library["twin_lo"], library["twin_hi"], library["twin_pairs"]) \
         == (-1 / 16, -1 / 16, -1 / 16, 4)
+    # a saving of exactly one point of 16 in every resample: savings beyond it are excluded
+    assert (library["twin_bound"], library["twin_mde"]) == (1 / 16, 0.0)
     assert library["demo_cache"] == "demo-cache-floor.medium.workstreams.s0"
     assert library["demo_cache_mean"] == (2 - 1) / 16 and library["demo_cache_pairs"] == 4
     stored = table.loc["harness-a-asked-to-store.medium.workstreams.s0"]
@@ -484,6 +547,26 @@ def test_every_table_of_100_cells_x_1600_instances_with_10000_resamples_is_there
     assert len(tables["cells"]) == 100 and len(tables["transfer"]) == 100
     assert len(tables["pooled"]) == 50 and not tables["twins"].empty
     assert not tables["clbench"].empty and len(tables["pathbench"]) == 100
+
+
+def test_every_paired_difference_table_states_its_sensitivity_with_finite_values():
+    df, cells = collective_frame(cells_n=20, instances=400, tasks=25)
+    tables = run_measures(df, cells, np.random.default_rng(0), n=2_000)
+    columns = {"floor": ["bound", "mde"], "transfer": ["bound", "mde"],
+               "twins": ["twin_bound", "twin_mde", "demo_cache_bound", "demo_cache_mde"],
+               "twins_pooled": ["twin_bound", "twin_mde", "demo_cache_bound", "demo_cache_mde"]}
+    for name, wanted in columns.items():
+        table = tables[name]
+        assert not table.empty and set(wanted) <= set(table.columns), name
+        prefixes = {c.rsplit("_", 1)[0] if "_" in c else "" for c in wanted}
+        for prefix in prefixes:
+            mean, bound, mde = ((f"{prefix}_{c}" if prefix else c) for c in ("mean", "bound", "mde"))
+            known = table[table[mean].notna()]
+            assert not known.empty, (name, prefix)
+            assert np.isfinite(known[[bound, mde]].to_numpy()).all(), (name, prefix)
+            # random costs 0..16: SE of a mean over 25 tasks is a few points, never 0
+            assert (known[bound] >= 0).all() and (known[mde] > 0.01).all(), (name, prefix)
+            assert (known[mde] < 0.5).all(), (name, prefix)
 
 
 def test_run_measures_is_deterministic_for_a_seed():

@@ -65,8 +65,9 @@ def test_report_is_written_with_title_sections_and_hand_computed_numbers(run: Pa
     assert f"| {DEMO} | 37.5 [12.5, 62.5] | 75.0 [50.0, 100.0] | 4 |" in text
     assert f"| {FLOOR} | 62.5 | 37.5 | – | – | – | – | – | – |" in text
     assert f"| {DEMO} | 62.5 | 12.5 | – |" in text
-    assert f"| {DEMO} | {FLOOR} | -12.5 [-12.5, -12.5] | 4 |" in text
-    assert f"| {DEMO} | 12.5 | 37.5 | -25.0 [-25.0, -25.0] | 1 |" in text
+    # a saving of exactly 12.5 points in every resample: savings beyond 12.5 excluded, MDE 0
+    assert f"| {DEMO} | {FLOOR} | -12.5 [-12.5, -12.5] | 12.5 | 0.0 | 4 |" in text
+    assert f"| {DEMO} | 12.5 | 37.5 | -25.0 [-25.0, -25.0] | 25.0 | 0.0 | 1 |" in text
     assert f"| {FLOOR} | 1 |" in text.split("## In progress")[1]
 
 
@@ -74,6 +75,12 @@ def test_report_says_how_to_read_it(run: Path):
     text = write_report(run, resamples=200).read_text()
     assert "cost / 16" in text and "Lower is better" in text
     assert "bootstrap intervals over tasks" in text and "slot by slot" in text
+    assert "*savings excluded beyond (points)* is the X for which a saving larger than X points " \
+           "is excluded at 95%, one-sided" in text
+    assert "*MDE 80% (points)* is the minimum detectable effect" in text and "2.80 times" in text
+    floor_header = text.split("## Paired difference from the stateless floor")[1].splitlines()
+    assert "| cell | stateless floor | difference (points) | savings excluded beyond (points) | " \
+           "MDE 80% (points) | pairs |" in floor_header
 
 
 def test_report_is_the_same_for_the_same_seed(run: Path):

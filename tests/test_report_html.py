@@ -215,7 +215,8 @@ def test_the_tables_of_run_measures_become_sections_after_the_first_reports_four
                              "budget": [0.5, nan, 0.25, 0.125]}),
         "twins": pd.DataFrame({"cell": ["a"], "label": ["l"], "learner": ["l"], "row": ["on"],
                                "twin": ["a-off"], "twin_mean": [-0.05], "twin_lo": [-0.1],
-                               "twin_hi": [0.0], "twin_pairs": [48]}),
+                               "twin_hi": [0.0], "twin_bound": [0.1], "twin_mde": [0.0842],
+                               "twin_pairs": [48]}),
         "brand_new": pd.DataFrame({"cell": ["a"], "score": [0.5]}),
         "clbench": pd.DataFrame()}
     sections = measure_tables_sections(tables)
@@ -227,6 +228,8 @@ def test_the_tables_of_run_measures_become_sections_after_the_first_reports_four
     twins = sections["Paired difference from the memory-off twin and the demo-cache floor"][1]
     assert twins.to_dict("records") == [{"cell": "a", "twin": "a-off",
                                          "minus twin (points)": "-5.0 [-10.0, +0.0]",
+                                         "vs twin: savings excluded beyond (points)": "10.0",
+                                         "vs twin: MDE 80% (points)": "8.4",
                                          "twin pairs": "48"}]
     assert sections["CL-Bench"][1].empty and "No rows" in sections["CL-Bench"][0]
 

@@ -13,6 +13,10 @@ tasks, so a task counts with its instance count (a cluster bootstrap). All resam
 resamples x tasks count matrix times a tasks x sums matrix (`task_bootstrap`); one matrix per
 distinct task list serves every cell and every table of a run (`TaskResamples`).
 
+Every paired difference also states its sensitivity from the same resamples (`sensitivity`): the
+saving beyond which the data exclude at 95% one-sided, and the minimum detectable effect at 80%
+power, so a null shows how small an effect the run could have seen.
+
 Pure: frames in, frames out; no files, no clock; the only randomness is the numpy Generator the
 caller passes, so a seed fixes every number.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,7 +39,8 @@ BUDGET = 16
 FLOOR = "stateless-floor"
 DEMO_CACHE = "demo-cache-floor"
 RESAMPLES = 10_000
-LEVEL = 0.95
+LEVEL = 0.95  # every interval and test: alpha = 1 - LEVEL
+POWER = 0.8  # the power at which a paired difference's minimum detectable effect is stated
 EXPOSURES = tuple(range(8))
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
@@ -64,6 +70,15 @@ class PairedDifference(NamedTuple):
     lo: float
     hi: float
     pairs: int
+
+
+class Sensitivity(NamedTuple):
+    """How small an effect a paired difference a - b (negative: a saves) could have shown, in its
+    own units, both >= 0: savings beyond `bound` are excluded, one-sided, at the level; `mde` is
+    the effect a two-sided test at 1 - level would detect with the power."""
+
+    bound: float | np.ndarray
+    mde: float | np.ndarray
 
 
 _EMPTY = Estimate(float("nan"), float("nan"), float("nan"))
@@ -182,7 +197,8 @@ def resamples_of(rng: Resampling, n: int = RESAMPLES) -> TaskResamples:
 
 
 def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resampling,
-                   n: int = RESAMPLES, level: float = LEVEL) -> pd.DataFrame:
+                   n: int = RESAMPLES, level: float = LEVEL,
+                   differences: Sequence[str] = ()) -> pd.DataFrame:
     """A cluster bootstrap over tasks of any statistic of sums, for every value of `by` at once.
 
     `frame` holds `by`, `task` and the numeric columns to sum (NaN counts as 0). Per key, each
@@ -191,11 +207,17 @@ def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resa
     named statistics. Returns one row per key (index, in frame order) with, per statistic `s`,
     `s` (from all tasks once) and `s_lo`, `s_hi` (percentile interval at `level`). A resample
     where a statistic is undefined (say 0/0: no drawn task has such an instance) is left out of
-    that statistic's quantiles."""
+    that statistic's quantiles. Each statistic named in `differences` (a paired difference a - b)
+    also gets `s_bound` and `s_mde`, its `sensitivity`, from the same resamples."""
     sums = [c for c in frame.columns if c not in (by, "task")]
     with np.errstate(divide="ignore", invalid="ignore"):
         names = list(statistic({s: np.zeros(1) for s in sums}))
+    unknown = [d for d in differences if d not in names]
+    if unknown:
+        raise ValueError(f"task_bootstrap: differences {unknown} are not statistics of "
+                         f"`statistic` (it gives {names}); name one of those")
     columns = [f"{s}{suffix}" for s in names for suffix in ("", "_lo", "_hi")]
+    columns += [f"{d}{suffix}" for d in differences for suffix in ("_bound", "_mde")]
     if frame.empty:
         return pd.DataFrame(columns=columns, index=pd.Index([], name=by), dtype=float)
     draws = resamples_of(rng, n)
@@ -208,6 +230,8 @@ def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resa
                        for j in range(len(sums))], axis=-1).reshape(n_keys, n_tasks, len(sums))
     present = (np.bincount(flat, minlength=n_keys * n_tasks) > 0).reshape(n_keys, n_tasks)
     out = np.empty((n_keys, len(names), 3))
+    sensitive = np.empty((n_keys, len(differences), 2))
+    chosen = [names.index(d) for d in differences]
     # keys with the same tasks (every cell of a schedule) share one resample matrix: one product
     alike: dict[bytes, list[int]] = {}
     for k in range(n_keys):
@@ -226,24 +250,64 @@ def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resa
                                        for s in names], axis=-1)
         out[members, :, 1:] = _percentiles(matrix.reshape(len(weights), -1), level).T.reshape(
             len(members), len(names), 2)
-    out[~np.isfinite(out)] = np.nan
-    return pd.DataFrame(out.reshape(n_keys, -1), columns=columns, index=pd.Index(keys, name=by))
+        if chosen:
+            found = sensitivity(matrix[:, :, chosen].reshape(len(weights), -1), level)
+            sensitive[members] = np.stack(found, axis=-1).reshape(len(members), len(chosen), 2)
+    data = np.concatenate([out.reshape(n_keys, -1), sensitive.reshape(n_keys, -1)], axis=1)
+    data[~np.isfinite(data)] = np.nan
+    return pd.DataFrame(data, columns=columns, index=pd.Index(keys, name=by))
 
 
 def _percentiles(stats: np.ndarray, level: float) -> np.ndarray:
     """The (2, columns) percentile interval of each column of resampled statistics; values that
     are not finite (an undefined resample) are left out, and a column with none left is NaN."""
     tail = (1.0 - level) / 2.0
+    return _quantiles(stats, [tail, 1.0 - tail])
+
+
+def _quantiles(stats: np.ndarray, qs: Sequence[float]) -> np.ndarray:
+    """The (len(qs), columns) quantiles of each column, non-finite values left out (NaN if none
+    is left); the fast `np.quantile` serves every column that has no such value."""
     stats = np.where(np.isfinite(stats), stats, np.nan)
     undefined = np.isnan(stats).any(axis=0)
-    bounds = np.full((2, stats.shape[1]), np.nan)
+    bounds = np.full((len(qs), stats.shape[1]), np.nan)
     if (~undefined).any():
-        bounds[:, ~undefined] = np.quantile(stats[:, ~undefined], [tail, 1.0 - tail], axis=0)
+        bounds[:, ~undefined] = np.quantile(stats[:, ~undefined], qs, axis=0)
     if undefined.any():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column stays NaN
-            bounds[:, undefined] = np.nanquantile(stats[:, undefined], [tail, 1.0 - tail], axis=0)
+            bounds[:, undefined] = np.nanquantile(stats[:, undefined], qs, axis=0)
     return bounds
+
+
+def mde_factor(level: float = LEVEL, power: float = POWER) -> float:
+    """z_{1-alpha/2} + z_power, alpha = 1 - level: the minimum detectable effect in standard
+    errors (2.80 at 95% and 80%)."""
+    z = NormalDist().inv_cdf
+    return z(1.0 - (1.0 - level) / 2.0) + z(power)
+
+
+def sensitivity(resampled: np.ndarray, level: float = LEVEL, power: float = POWER) -> Sensitivity:
+    """The sensitivity of a paired difference a - b (negative: a saves) from its bootstrap
+    resamples (axis 0; one column per difference, or a 1-D array for one): `bound` =
+    max(0, -(the 1 - level quantile)), the saving beyond which the data exclude, one-sided at
+    `level`; `mde` = `mde_factor` * SE, the minimum detectable effect of a
+    two-sided test at alpha = 1 - level with `power` (2.80 * SE at 95% and 80%), SE the
+    standard deviation of the resamples. Non-finite resamples are left out; NaN if none is left."""
+    stats = np.asarray(resampled, dtype=float)
+    one = stats.ndim == 1
+    stats = stats.reshape(len(stats), -1)
+    low = _quantiles(stats, [1.0 - level])[0]
+    finite = np.isfinite(stats)
+    if finite.all():
+        se = stats.std(axis=0, ddof=1)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # fewer than two finite resamples: NaN
+            se = np.nanstd(np.where(finite, stats, np.nan), axis=0, ddof=1)
+    bound = np.maximum(-low, 0.0) + 0.0  # + 0.0: a bound of -0.0 reads 0
+    mde = mde_factor(level, power) * se
+    return Sensitivity(float(bound[0]), float(mde[0])) if one else Sensitivity(bound, mde)
 
 
 def mean_sums(keys: pd.DataFrame, values: Mapping[str, Any]) -> pd.DataFrame:
@@ -562,9 +626,10 @@ def paired_difference(df: pd.DataFrame, cell_a: str, cell_b: str, rng: np.random
 
 
 def _paired_means(pairs: pd.DataFrame, rng: Resampling, n: int, level: float) -> pd.DataFrame:
-    """Per key of a `paired_instances` frame: mean, lo, hi of share a - share b, and pairs."""
+    """Per key of a `paired_instances` frame: mean, lo, hi, bound and mde (`sensitivity`) of
+    share a - share b, and pairs."""
     sums = mean_sums(pairs[["key", "task"]], {"mean": pairs["share_a"] - pairs["share_b"]})
-    table = task_bootstrap(sums, "key", means(["mean"]), rng, n, level)
+    table = task_bootstrap(sums, "key", means(["mean"]), rng, n, level, differences=["mean"])
     return table.assign(pairs=pairs.groupby("key", sort=False).size())
 
 
@@ -572,7 +637,8 @@ def differences_from_floor(df: pd.DataFrame, cells: Mapping[str, Mapping[str, An
                            rng: Resampling, n: int = RESAMPLES,
                            level: float = LEVEL) -> pd.DataFrame:
     """For every cell but the floors, its paired difference from the stateless-floor cell with the
-    same track, model, effort, order and seed; cells without such a floor are skipped."""
+    same track, model, effort, order and seed, with its interval and `sensitivity` (`bound`,
+    `mde`); cells without such a floor are skipped."""
     floors = {_schedule(s): cell_id for cell_id, s in cells.items() if s.get("learner") == FLOOR}
     compared = [(cell_id, floors[_schedule(s)]) for cell_id, s in cells.items()
                 if s.get("learner") != FLOOR and _schedule(s) in floors]
@@ -580,8 +646,10 @@ def differences_from_floor(df: pd.DataFrame, cells: Mapping[str, Mapping[str, An
     table = _paired_means(pairs, rng, n, level).reindex([c for c, _ in compared])
     rows = [{"cell": c, "label": cell_label(cells[c]), "floor": floor,
              "mean": table.at[c, "mean"], "lo": table.at[c, "mean_lo"],
-             "hi": table.at[c, "mean_hi"], "pairs": table.at[c, "pairs"]} for c, floor in compared]
-    out = pd.DataFrame(rows, columns=["cell", "label", "floor", "mean", "lo", "hi", "pairs"])
+             "hi": table.at[c, "mean_hi"], "bound": table.at[c, "mean_bound"],
+             "mde": table.at[c, "mean_mde"], "pairs": table.at[c, "pairs"]} for c, floor in compared]
+    out = pd.DataFrame(rows, columns=["cell", "label", "floor", "mean", "lo", "hi", "bound", "mde",
+                                      "pairs"])
     out["pairs"] = out["pairs"].fillna(0).astype("int64")
     return out
 
@@ -591,7 +659,8 @@ def twin_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: flo
     """Budget share of each cell minus its memory-off twin's (`twin_cells`: memory-off; the wiped
     row for the program library; program-procedure-wiped for program-procedure) and minus the
     demo-cache floor's on the same schedule, slot by slot over the stream, with bootstrap
-    intervals over tasks; negative is a saving. One row per cell with at least one of the two.
+    intervals over tasks and their `sensitivity` (`twin_bound`, `twin_mde`, `demo_cache_bound`,
+    `demo_cache_mde`); negative is a saving. One row per cell with at least one of the two.
 
     With `pool_orders`, one row per cell group (`with_groups`): the slot pairs of each order's
     schedule, pooled, so `twin` and `demo_cache` name groups and `orders` the orders pooled."""
@@ -617,11 +686,14 @@ def twin_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: flo
     twin = twin.reindex(keys)
     table["twin_mean"], table["twin_lo"], table["twin_hi"] = (
         twin["mean"].to_numpy(), twin["mean_lo"].to_numpy(), twin["mean_hi"].to_numpy())
+    table["twin_bound"], table["twin_mde"] = twin["mean_bound"].to_numpy(), twin["mean_mde"].to_numpy()
     table["twin_pairs"] = twin["pairs"].fillna(0).astype("int64").to_numpy()
     table["demo_cache"] = [demo_of.get(k) for k in keys]
     floor = floor.reindex(keys)
     table["demo_cache_mean"], table["demo_cache_lo"], table["demo_cache_hi"] = (
         floor["mean"].to_numpy(), floor["mean_lo"].to_numpy(), floor["mean_hi"].to_numpy())
+    table["demo_cache_bound"], table["demo_cache_mde"] = (floor["mean_bound"].to_numpy(),
+                                                          floor["mean_mde"].to_numpy())
     table["demo_cache_pairs"] = floor["pairs"].fillna(0).astype("int64").to_numpy()
     return table
 
@@ -629,9 +701,9 @@ def twin_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: flo
 def forward_transfer(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES,
                      level: float = LEVEL) -> pd.DataFrame:
     """Per cell with both phases finished on some task: epilogue budget share minus the fresh
-    reference's, paired by task, with a bootstrap-over-tasks interval. Negative means the
-    lifetime helped on held-out tasks."""
-    columns = ["cell", "label", "epilogue", "fresh", "mean", "lo", "hi", "tasks"]
+    reference's, paired by task, with a bootstrap-over-tasks interval and its `sensitivity`
+    (`bound`, `mde`). Negative means the lifetime helped on held-out tasks."""
+    columns = ["cell", "label", "epilogue", "fresh", "mean", "lo", "hi", "bound", "mde", "tasks"]
     held_out = df[df["phase"].isin(("epilogue", "fresh"))]
     both = (held_out.groupby(["cell", "task", "phase"], sort=False)["share"].mean()
             .unstack("phase").reindex(columns=["epilogue", "fresh"]).dropna())
@@ -639,7 +711,7 @@ def forward_transfer(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES,
         return pd.DataFrame(columns=columns)
     both = both.reset_index()
     sums = mean_sums(both[["cell", "task"]], {"mean": both["epilogue"] - both["fresh"]})
-    estimate = task_bootstrap(sums, "cell", means(["mean"]), rng, n, level)
+    estimate = task_bootstrap(sums, "cell", means(["mean"]), rng, n, level, differences=["mean"])
     g = both.groupby("cell", sort=False)
     cells = [c for c in _cells_in_order(df) if c in estimate.index]
     label_of = df.drop_duplicates("cell").set_index("cell")["label"]
@@ -650,6 +722,8 @@ def forward_transfer(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES,
         "mean": estimate.loc[cells, "mean"].to_numpy(),
         "lo": estimate.loc[cells, "mean_lo"].to_numpy(),
         "hi": estimate.loc[cells, "mean_hi"].to_numpy(),
+        "bound": estimate.loc[cells, "mean_bound"].to_numpy(),
+        "mde": estimate.loc[cells, "mean_mde"].to_numpy(),
         "tasks": g.size().reindex(cells).to_numpy()}, columns=columns)
 
 

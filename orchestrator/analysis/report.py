@@ -117,6 +117,9 @@ EXPOSURE = "Budget against exposure index"
 FLOOR_DIFFERENCE = "Paired difference from the stateless floor"
 TRANSFER = "Forward transfer"
 PROGRESS = "In progress"
+# The sensitivity of a paired difference (`measures.sensitivity`), beside its interval.
+BOUND = "savings excluded beyond (points)"
+MDE = f"MDE {measures.POWER:.0%} (points)"
 
 
 def _how_to_read(resamples: int, seed: int) -> str:
@@ -127,8 +130,15 @@ def _how_to_read(resamples: int, seed: int) -> str:
         f"95% bootstrap intervals over tasks ({resamples:,} resamples of the task ids, seed "
         f"{seed}), because the instances of one task rise and fall together. Paired differences "
         "are taken slot by slot on the same schedule, in points of budget (percentage points); "
-        "negative means less budget used. Model calls, tokens and model seconds are logged "
-        "compute, not part of the score.")
+        "negative means less budget used. Beside each paired difference, from the same "
+        f"resamples: *{BOUND}* is the X for which a saving larger than X points is excluded at "
+        f"{measures.LEVEL:.0%}, one-sided (minus the {1 - measures.LEVEL:.0%} percentile of the "
+        f"resampled difference; 0 when even that is no saving). *{MDE}* is the minimum "
+        f"detectable effect: the true difference a two-sided test at {1 - measures.LEVEL:.0%} "
+        f"finds with {measures.POWER:.0%} power, {measures.mde_factor():.2f} times the "
+        "bootstrap standard deviation of the difference; a difference near zero rules out "
+        "effects only down to about these sizes. Model calls, tokens and model seconds are "
+        "logged compute, not part of the score.")
 
 
 def _frame(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
@@ -161,11 +171,11 @@ def _floor_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     head = ("Budget share of the cell minus that of the stateless floor with the same track, "
             "model, effort, order and seed, slot by slot, in points of budget; negative is a "
             "saving.")
-    headers = ["cell", "stateless floor", "difference (points)", "pairs"]
+    headers = ["cell", "stateless floor", "difference (points)", BOUND, MDE, "pairs"]
     if table.empty:
         return head + "\n\nNo cell has a stateless-floor cell on its schedule.", _frame(headers, [])
-    rows = [[r.cell, r.floor, pct_ci(r.mean, r.lo, r.hi, signed=True), r.pairs]
-            for r in table.itertuples()]
+    rows = [[r.cell, r.floor, pct_ci(r.mean, r.lo, r.hi, signed=True), pct(r.bound), pct(r.mde),
+             r.pairs] for r in table.itertuples()]
     return head, _frame(headers, rows)
 
 
@@ -173,12 +183,13 @@ def _transfer_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     head = ("Budget share on the held-out epilogue after the stream minus the fresh reference "
             "(the same instances, state wiped before each), paired by task, in points; negative "
             "means the lifetime helped.")
-    headers = ["cell", "epilogue %", "fresh reference %", "epilogue − fresh (points)", "tasks"]
+    headers = ["cell", "epilogue %", "fresh reference %", "epilogue − fresh (points)", BOUND, MDE,
+               "tasks"]
     if table.empty:
         return (head + "\n\nNo cell has finished both the epilogue and the fresh reference on a "
                 "task.", _frame(headers, []))
     rows = [[r.cell, pct(r.epilogue), pct(r.fresh), pct_ci(r.mean, r.lo, r.hi, signed=True),
-             r.tasks] for r in table.itertuples()]
+             pct(r.bound), pct(r.mde), r.tasks] for r in table.itertuples()]
     return head, _frame(headers, rows)
 
 
@@ -263,6 +274,7 @@ MEASURES = {
 SHOWN_FIRST = ("cells", "exposure", "floor", "transfer")  # the first report's own sections
 SHARES = {"budget", "solved", "failed", "first_answer_correct", "cost0_returning"}
 POINTS = {"mean", "twin_mean", "demo_cache_mean"}  # differences of shares, signed
+SENSITIVITY = {"bound", "mde", "twin_bound", "twin_mde", "demo_cache_bound", "demo_cache_mde"}
 _POOLED_SHOWN = ["group", "orders", "cells", "n", "tasks", "budget", "solved", "failed",
                  "first_answer_correct", "first_submit_demos", "cost0_returning", "model_calls",
                  "tokens", "model_s"]
@@ -273,7 +285,9 @@ HEADERS = {"n": "instances", "budget": "budget share %", "solved": "solved share
            "cost0_returning": "cost-0 returning %", "model_calls": "model calls",
            "model_s": "model s", "twin_mean": "minus twin (points)", "twin_pairs": "twin pairs",
            "demo_cache": "demo-cache floor", "demo_cache_mean": "minus demo cache (points)",
-           "demo_cache_pairs": "demo-cache pairs"}
+           "demo_cache_pairs": "demo-cache pairs", "bound": BOUND, "mde": MDE,
+           "twin_bound": f"vs twin: {BOUND}", "twin_mde": f"vs twin: {MDE}",
+           "demo_cache_bound": f"vs demo cache: {BOUND}", "demo_cache_mde": f"vs demo cache: {MDE}"}
 
 
 def _gap_wide(table: pd.DataFrame) -> pd.DataFrame:
@@ -306,7 +320,7 @@ def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
                                or c.endswith(("_lo", "_hi"))]]
             elif key.startswith("twins"):
                 table = table.drop(columns=["label", "learner", "row"], errors="ignore")
-            shown = display_frame(table, shares=SHARES | POINTS, signed=POINTS)
+            shown = display_frame(table, shares=SHARES | POINTS | SENSITIVITY, signed=POINTS)
             sections[title] = (intro, shown.rename(columns=HEADERS))
     return sections
 
