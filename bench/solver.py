@@ -6,7 +6,12 @@ server calls, without HTTP), and prints per source and effort: first answers cor
 solved within the cap, mean budget share, mean pairs bought before the first submission, and
 seconds per instance.
 
-    python bench/solver.py [--sources own,arc1-frames] [--efforts low,medium,high] [--limit N]
+    python bench/solver.py [--sources own,arc1-frames,rearc] [--efforts low,medium,high]
+                           [--limit N] [--seeds K] [--rearc PATH]
+
+`--seeds K` plays every task K times (model seed and instance seed 0..K-1) and averages: one
+seed's first answers on a few dozen tasks move by several points. `rearc` needs a Re-ARC
+checkout (`--rearc`, default ../shared/vendor/re-arc beside the repository).
 """
 
 from __future__ import annotations
@@ -42,17 +47,25 @@ class InProcessSolver:
         return ChatReply(text, Usage(1, 0, 0, time.perf_counter() - start, 0.0))
 
 
-def sources(names: list[str]):
+REARC_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "vendor" / "re-arc"
+
+
+def sources(names: list[str], rearc: Path = REARC_DEFAULT):
     from orchestrator.tasks.frames import FramedSource
     from orchestrator.tasks.own_source import OwnSource
     from orchestrator.tasks.public import arc1_tasks
+    from orchestrator.tasks.rearc import ReArcSource
     for name in names:
         if name == "own":
             yield name, OwnSource()
         elif name == "arc1-frames":
             yield name, FramedSource(arc1_tasks("training"), name="arc1-frames")
+        elif name == "rearc":
+            if not rearc.is_dir():
+                raise SystemExit(f"no Re-ARC checkout at {rearc}; pass --rearc PATH")
+            yield name, ReArcSource(rearc)
         else:
-            raise SystemExit(f"unknown source {name!r}; use own or arc1-frames")
+            raise SystemExit(f"unknown source {name!r}; use own, arc1-frames or rearc")
 
 
 def play(learner: StatelessFloor, instance) -> InstanceProtocol:
@@ -70,7 +83,8 @@ def main() -> None:
     parser.add_argument("--sources", default="own,arc1-frames")
     parser.add_argument("--efforts", default="low,medium,high")
     parser.add_argument("--limit", type=int, default=0, help="at most N tasks per source (0: all)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="average over model/instance seeds 0..K-1")
+    parser.add_argument("--rearc", type=Path, default=REARC_DEFAULT)
     args = parser.parse_args()
     console = Console(width=160)
     table = Table(title="embedded solver model: first exposure, stateless floor")
@@ -79,16 +93,18 @@ def main() -> None:
         table.add_column(column, justify="right")
     prompts = PromptSet.load()
     with TemporaryDirectory() as tmp:
-        for name, source in sources(args.sources.split(",")):
+        for name, source in sources(args.sources.split(","), args.rearc):
             ids = source.task_ids()[: args.limit or None]
-            instances = [source.instance(t, 0, args.seed) for t in ids]
+            plays = [(seed, source.instance(t, 0, seed)) for seed in range(args.seeds) for t in ids]
             for effort in args.efforts.split(","):
-                learner = StatelessFloor(Path(tmp), prompts, InProcessSolver(effort, args.seed))
+                learners = {seed: StatelessFloor(Path(tmp), prompts, InProcessSolver(effort, seed))
+                            for seed in range(args.seeds)}
                 start = time.perf_counter()
-                results = [play(learner, i) for i in track(instances, f"{name} {effort}", console=console)]
+                results = [play(learners[seed], instance) for seed, instance
+                           in track(plays, f"{name} {effort}", console=console)]
                 seconds = time.perf_counter() - start
                 n = len(results)
-                table.add_row(name, effort, str(n),
+                table.add_row(name, effort, f"{len(ids)} x {args.seeds}",
                               f"{sum(bool(r.first_answer_correct) for r in results) / n:.1%}",
                               f"{sum(r.status.value == 'solved' for r in results) / n:.1%}",
                               f"{sum(r.budget_share for r in results) / n:.1%}",

@@ -156,17 +156,17 @@ BUDGETS: dict[str, tuple[Level, ...]] = {
 # high; see solver_model/CALIBRATION.md and `python bench/solver.py`).
 SAMPLED: dict[str, tuple[Level, ...]] = {
     "low": (
-        Level(_ALL, _SYMMETRY_STEPS | {"crop_bbox"}, 12),
-        Level(_SYMMETRY_STEPS | {"colour_map", "crop_bbox"}, _NONE, 12),
+        Level(_ALL, _SYMMETRY_STEPS | {"crop_bbox"}, 10),
+        Level(_SYMMETRY_STEPS | {"colour_map", "crop_bbox"}, _NONE, 10),
     ),
     "medium": (
-        Level(_ALL, _ALL, 25),
-        Level(_ALL, _NONE, 100),
+        Level(_ALL, _ALL, 30),
+        Level(_ALL, _NONE, 150),
     ),
     "high": (
-        Level(_ALL, _ALL, 300),
-        Level(_ALL, RESTRICTED, 2_000),
-        Level(_ALL, _NONE, 4_000),
+        Level(_ALL, _ALL, 120),
+        Level(_ALL, RESTRICTED, 1_000),
+        Level(_ALL, _NONE, 2_000),
     ),
 }
 

@@ -225,7 +225,7 @@ def test_search_never_raises_and_only_returns_consistent_programs(pairs, test_in
 
 import numpy as np  # noqa: E402
 
-from solver_model.search import SAMPLED, Level, explore  # noqa: E402
+from solver_model.search import BUDGETS, SAMPLED, Level, explore  # noqa: E402
 
 
 def rng(seed: int) -> np.random.Generator:
@@ -269,11 +269,11 @@ def test_explore_never_keeps_an_excluded_program_as_its_partial_fit():
 
 def test_explore_with_a_cap_too_small_misses_what_a_larger_cap_finds():
     pairs = pairs_of(CROP_THEN_SCALE, [scene(1, 1), scene(2, 2)])
-    wide = SAMPLED["high"]
-    narrow = tuple(Level(level.extend, level.final, 1) for level in wide)
-    hits = sum(bool(explore(pairs, "high", rng(seed), scene(3, 3), levels=wide).found)
+    wide = BUDGETS["medium"]  # the exhaustive caps: every two-step chain is reached
+    narrow = tuple(Level(level.final, level.extend, 1) for level in wide)
+    hits = sum(bool(explore(pairs, "medium", rng(seed), scene(3, 3), levels=wide).found)
                for seed in range(4))
-    misses = sum(not explore(pairs, "high", rng(seed), scene(3, 3), levels=narrow).found
+    misses = sum(not explore(pairs, "medium", rng(seed), scene(3, 3), levels=narrow).found
                  for seed in range(4))
     assert hits == 4 and misses == 4
 
