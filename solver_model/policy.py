@@ -24,7 +24,7 @@ import numpy as np
 from orchestrator.arc import Demo, Grid, as_grid, grid_json, grid_list
 from orchestrator.tasks.base import MAX_DEMOS
 from solver_model.conversation import PREDICTED_OUTPUT, ConversationState, Mode
-from solver_model.search import EFFORTS, Exploration, explore
+from solver_model.search import EFFORTS, Exploration, Program, explore
 
 # (pairs, effort, test_input, exclude=..., rng=...) -> Exploration; tests inject small ones.
 SearchFn = Callable[..., Exploration]
@@ -60,6 +60,7 @@ class Reply:
 
     text: str
     program_description: str | None = None
+    program: Program | None = None  # the DSL program it rests on (not for fallback guesses)
 
 
 def reply(state: ConversationState, effort: str, search: SearchFn | None = None,
@@ -90,16 +91,17 @@ def reply(state: ConversationState, effort: str, search: SearchFn | None = None,
     if remaining:
         program, output = remaining[0]
         if state.mode is Mode.PROGRAM:
-            return Reply(_program_text(program.source(), output), program.describe())
+            return Reply(_program_text(program.source(), output), program.describe(), program)
         if output is not None:
-            return Reply(_submit_text(output), program.describe())
+            return Reply(_submit_text(output), program.describe(), program)
     partial = exploration.partial
     if partial is not None and (exploration.partial_fit >= COMMIT_FIT or not can_buy):
         output = _run(partial, state.test_input) if state.test_input is not None else None
         if state.mode is Mode.PROGRAM and partial.describe() not in exclude:
-            return Reply(_program_text(partial.source(), output), f"partial fit: {partial.describe()}")
+            return Reply(_program_text(partial.source(), output), f"partial fit: {partial.describe()}",
+                         partial)
         if state.mode is Mode.ACTION and output is not None and output not in wrong:
-            return Reply(_submit_text(output), f"partial fit: {partial.describe()}")
+            return Reply(_submit_text(output), f"partial fit: {partial.describe()}", partial)
     return Reply(REQUEST) if can_buy else _fallback(state)
 
 

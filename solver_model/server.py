@@ -2,9 +2,11 @@
 
 Routes (also served without the /v1 prefix, for clients configured with a bare base URL):
 - `GET /v1/models`: `carc-solver` and `carc-solver-low|medium|high`.
-- `POST /v1/chat/completions`: non-streaming and streaming (server-sent chunks); `tools` are
-  accepted but never called: the model answers in text.
-- `POST /v1/responses`: non-streaming only.
+- `POST /v1/chat/completions`: non-streaming and streaming (server-sent chunks). A request that
+  offers `tools` is answered by the tool-using agent (`solver_model/agent.py`): its reply is either
+  `tool_calls` (finish_reason "tool_calls"; streamed as tool-call deltas) or text; without tools
+  the reply is the policy's text, exactly as before.
+- `POST /v1/responses`: non-streaming only; with `tools`, calls come as `function_call` items.
 
 Effort: the request's `reasoning_effort` (or `reasoning.effort`), else a `-low|-medium|-high`
 suffix of the model id, else the server default. Every completion reports the time spent reading
@@ -37,6 +39,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from solver_model.agent import ToolCall, act
 from solver_model.conversation import message_text, read_conversation
 from solver_model.policy import SearchFn, reply
 from solver_model.search import EFFORTS
@@ -182,10 +185,21 @@ class Answer:
     program: str | None
     search_ms: float
     prompt_tokens: int
+    calls: tuple[ToolCall, ...] = ()
 
     @property
     def completion_tokens(self) -> int:
-        return count_tokens(self.text)
+        return count_tokens(self.text) + sum(count_tokens(json.dumps(c.to_openai())) for c in self.calls)
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else "stop"
+
+    def message(self) -> dict[str, Any]:
+        if self.calls:
+            return {"role": "assistant", "content": None, "refusal": None,
+                    "tool_calls": [c.to_openai() for c in self.calls]}
+        return {"role": "assistant", "content": self.text, "refusal": None}
 
     def usage(self) -> dict[str, int]:
         total = self.prompt_tokens + self.completion_tokens
@@ -201,18 +215,26 @@ class Answer:
 
 
 def answer_conversation(messages: Sequence[Mapping[str, Any]], effort: str, extra_prompt: Any = None,
-                        search: SearchFn | None = None, seed: int = 0) -> Answer:
-    """Read the conversation and run the policy (CPU-bound: called in a worker thread)."""
+                        search: SearchFn | None = None, seed: int = 0,
+                        tools: Sequence[Mapping[str, Any]] | None = None) -> Answer:
+    """Read the conversation and run the policy, or the agent when `tools` are offered
+    (CPU-bound: called in a worker thread)."""
     start = time.perf_counter()
     state = read_conversation(messages)
-    result = reply(state, effort, search, seed)
+    calls: tuple[ToolCall, ...] = ()
+    if tools:
+        acted = act(messages, tools, effort, search, seed, state)
+        text, program, calls = acted.text or "", acted.program_description, acted.calls
+    else:
+        result = reply(state, effort, search, seed)
+        text, program = result.text, result.program_description
     elapsed = (time.perf_counter() - start) * 1000
     prompt = [message_text(m.get("content")) for m in messages]
     prompt += [json.dumps(m["tool_calls"]) for m in messages if m.get("tool_calls")]
     if extra_prompt:
         prompt.append(json.dumps(extra_prompt))
-    return Answer(result.text, effort, state.mode.value, result.program_description, elapsed,
-                  sum(count_tokens(p) for p in prompt))
+    return Answer(text, effort, state.mode.value, program, elapsed,
+                  sum(count_tokens(p) for p in prompt), calls)
 
 
 def _pieces(text: str, count: int) -> list[str]:
@@ -250,11 +272,12 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
 
-    async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any) -> Answer:
+    async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any,
+                  tools: list[dict[str, Any]] | None = None) -> Answer:
         loop = asyncio.get_running_loop()
         try:
             answer = await loop.run_in_executor(pool, answer_conversation, messages, effort,
-                                                extra_prompt, search, seed)
+                                                extra_prompt, search, seed, tools)
         except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
             raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
                                "server_error") from exc
@@ -282,16 +305,15 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
         requested = chat.reasoning_effort or (chat.reasoning.effort if chat.reasoning else None)
         effort = choose_effort(requested, chat.model, effort_default)
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]
-        answer = await run(messages, effort, chat.tools)
+        answer = await run(messages, effort, chat.tools, chat.tools)
         number, created = next(ids), int(time.time())
         completion_id = f"chatcmpl-carc-{number:06d}"
         if not chat.stream:
             return JSONResponse({
                 "id": completion_id, "object": "chat.completion", "created": created,
                 "model": chat.model, "system_fingerprint": None,
-                "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                             "message": {"role": "assistant", "content": answer.text,
-                                         "refusal": None}}],
+                "choices": [{"index": 0, "finish_reason": answer.finish_reason, "logprobs": None,
+                             "message": answer.message()}],
                 "usage": answer.usage(), "carc": answer.carc(),
             }, headers=answer.headers())
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
@@ -308,7 +330,7 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                                "/v1/chat/completions", "stream")
         requested = body.reasoning.effort if body.reasoning else None
         effort = choose_effort(requested, body.model, effort_default)
-        answer = await run(_responses_messages(body), effort, body.tools)
+        answer = await run(_responses_messages(body), effort, body.tools, body.tools)
         number, created = next(ids), int(time.time())
         usage = answer.usage()
         return JSONResponse({
@@ -317,10 +339,7 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
             "instructions": body.instructions, "metadata": {}, "parallel_tool_calls": False,
             "tool_choice": "auto", "tools": [], "temperature": None, "top_p": None,
             "reasoning": {"effort": effort, "summary": None},
-            "output": [{"type": "message", "id": f"msg-carc-{number:06d}", "status": "completed",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": answer.text,
-                                     "annotations": []}]}],
+            "output": _responses_output(answer, number),
             "usage": {"input_tokens": usage["prompt_tokens"],
                       "output_tokens": usage["completion_tokens"],
                       "total_tokens": usage["total_tokens"],
@@ -355,13 +374,32 @@ async def _stream(answer: Answer, completion_id: str, created: int, model: str,
     def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
 
-    yield event(choice({"role": "assistant", "content": ""}))
-    for piece in _pieces(answer.text, STREAM_PIECES):
-        yield event(choice({"content": piece}))
-    yield event(choice({}, "stop"), carc=answer.carc())
+    if answer.calls:
+        yield event(choice({"role": "assistant", "content": None}))
+        for index, call in enumerate(answer.calls):
+            yield event(choice({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                                "function": {"name": call.name, "arguments": ""}}]}))
+            for piece in _pieces(json.dumps(call.arguments), STREAM_PIECES):
+                yield event(choice({"tool_calls": [{"index": index,
+                                                    "function": {"arguments": piece}}]}))
+    else:
+        yield event(choice({"role": "assistant", "content": ""}))
+        for piece in _pieces(answer.text, STREAM_PIECES):
+            yield event(choice({"content": piece}))
+    yield event(choice({}, answer.finish_reason), carc=answer.carc())
     if include_usage:
         yield event([], usage=answer.usage())
     yield "data: [DONE]\n\n"
+
+
+def _responses_output(answer: Answer, number: int) -> list[dict[str, Any]]:
+    if answer.calls:
+        return [{"type": "function_call", "id": f"fc-carc-{number:06d}-{i}", "call_id": call.id,
+                 "name": call.name, "arguments": json.dumps(call.arguments), "status": "completed"}
+                for i, call in enumerate(answer.calls)]
+    return [{"type": "message", "id": f"msg-carc-{number:06d}", "status": "completed",
+             "role": "assistant",
+             "content": [{"type": "output_text", "text": answer.text, "annotations": []}]}]
 
 
 def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
@@ -380,8 +418,13 @@ def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
                 raise RequestError(f"input.{index}.role: {role!r} is not a message role",
                                    f"input.{index}.role")
             messages.append({"role": role, "content": item.get("content")})
+        elif kind == "function_call":
+            messages.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": item.get("call_id"), "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}]})
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "content": item.get("output")})
+            messages.append({"role": "tool", "content": item.get("output"),
+                             "tool_call_id": item.get("call_id")})
     return messages
 
 

@@ -126,7 +126,7 @@ def test_effort_comes_from_reasoning_effort_then_model_suffix_then_server_defaul
     assert response.headers["x-carc-effort"] == expected
 
 
-def test_tools_are_accepted_but_never_called(client):
+def test_an_offered_tool_is_not_called_when_no_message_asks_for_it(client):
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
         "type": "object", "properties": {"path": {"type": "string"}}}}}]
     body = chat(client, tools=tools, tool_choice="auto").json()
