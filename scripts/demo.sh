@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Set up and run the offline demo (README command 1): a Docker engine for the sandboxes, the
-# package, then two grids on the embedded solver model, each ending with a report: the reference
-# ladder, and hermes-agent + openclaw with memory on and off on a short stream.
+# package, then the grids on the embedded solver model, each ending with a report: the reference
+# ladder; hermes-agent and openclaw in every row (memory on and off, asked to store, the program
+# procedure and its wiped twin) with the stores inspector's account; and prime-agent's rows when
+# its source is at hand (CARC_PRIME_AGENT_SOURCE, or ../shared/vendor).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/docker-up.sh
 python3 -m pip install --quiet -e .
+source scripts/vendor-env.sh
 carc grid run examples/offline-demo.yaml "$@"
-# the harness grid: hermes-agent and openclaw (real packages, in Docker), memory on and off
 carc grid run examples/offline-demo-harnesses.yaml
+if [ -n "${CARC_PRIME_AGENT_SOURCE:-}" ]; then
+  carc grid run examples/offline-demo-prime-agent.yaml
+else
+  echo "prime-agent's rows skipped: set CARC_PRIME_AGENT_SOURCE to its source tarball (see docs/harnesses/prime-agent.md)"
+fi

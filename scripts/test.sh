@@ -11,15 +11,8 @@ fi
 # A real Docker engine for the sandbox, proxy and security tests (never mocked).
 bash scripts/docker-up.sh
 python3 -m pip install --quiet -e '.[test]'
-# Other projects' files beside the repo (../shared/vendor/README.md), so their live tests run here
-# too: prime-agent's source at the pinned commit and a Re-ARC checkout. A variable already set wins.
-vendor="$(dirname "$PWD")/shared/vendor"
-if [ -f "$vendor/prime-agent-e319a66d7.tar.gz" ] && [ -z "${CARC_PRIME_AGENT_SOURCE:-}" ]; then
-  export CARC_PRIME_AGENT_SOURCE="$vendor/prime-agent-e319a66d7.tar.gz"
-fi
-if [ -d "$vendor/re-arc" ] && [ -z "${CARC_REARC_PATH:-}" ]; then
-  export CARC_REARC_PATH="$vendor/re-arc"
-fi
+# prime-agent's source and Re-ARC from ../shared/vendor when present (CARC_PRIME_AGENT_SOURCE, CARC_REARC_PATH).
+source scripts/vendor-env.sh
 # Images the Docker tests use (offline base when no registry answers), harness images included
 # (hermes-agent from a host wheelhouse, openclaw from the host npm, prime-agent from its source
 # when one is set); cached by content hash.

@@ -87,9 +87,17 @@ def test_missing_file_and_bad_yaml_are_reported_with_the_path(tmp_path):
 
 
 def test_shipped_example_grids_validate():
-    for name in ("offline-demo", "paper-arc1"):
+    for name in ("offline-demo", "offline-demo-harnesses", "offline-demo-prime-agent", "paper-arc1"):
         grid = load_grid(f"examples/{name}.yaml")
         assert grid.cells()
+
+
+def test_the_demo_harness_grids_hold_every_row_of_every_harness():
+    from orchestrator.rows import HARNESS_ROWS
+    for name, harnesses in (("offline-demo-harnesses", {"hermes-agent", "openclaw"}),
+                            ("offline-demo-prime-agent", {"prime-agent"})):
+        rows = {(c.learner, c.row) for c in load_grid(f"examples/{name}.yaml").cells()}
+        assert rows >= {(h, r) for h in harnesses for r in HARNESS_ROWS}, name
 
 
 def test_an_effort_that_is_not_one_is_refused_with_its_line(tmp_path):
