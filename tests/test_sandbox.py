@@ -159,6 +159,17 @@ def test_starting_a_cell_again_replaces_a_leftover_of_the_same_cell(base_image, 
         second.teardown()
 
 
+def _counter(sandbox) -> int:
+    """The writer's counter; `echo > file` truncates before it writes, so a read can land on the
+    empty file in between: read again until it holds a number."""
+    for _ in range(50):
+        text = sandbox.read_file("/state/busy/counter").strip()
+        if text:
+            return int(text)
+        time.sleep(0.01)
+    raise AssertionError("the writer's counter stayed empty for 50 reads")
+
+
 def test_a_snapshot_while_a_process_keeps_writing_succeeds_and_the_process_goes_on(sandbox, tmp_path):
     """A harness's gateway may write its database at any moment, also during a snapshot."""
     writer = ("i=0; while true; do i=$((i+1)); echo $i > /state/busy/counter; "
@@ -169,8 +180,8 @@ def test_a_snapshot_while_a_process_keeps_writing_succeeds_and_the_process_goes_
             sandbox.snapshot(tmp_path / f"busy-{round_}.tar.gz")
         with tarfile.open(tmp_path / "busy-4.tar.gz") as tar:
             assert "./busy/counter" in tar.getnames()
-        before = int(sandbox.read_file("/state/busy/counter").strip() or 0)
+        before = _counter(sandbox)
         time.sleep(0.5)
-        assert int(sandbox.read_file("/state/busy/counter").strip() or 0) > before  # not left stopped
+        assert _counter(sandbox) > before  # not left stopped
     finally:
         sandbox.exec(["sh", "-c", "pkill -f busy 2>/dev/null; kill -9 -1 2>/dev/null; rm -rf /state/busy"])
