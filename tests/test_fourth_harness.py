@@ -17,20 +17,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from harness_adapters.registry import REGISTRY
 from harness_adapters.scaffold import new_adapter
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Finished, InstanceProtocol, extract_action
-from proxy.host import free_port
-from solver_model.server import create_app
-from tests.test_solver_agent import instance, library_search
+from tests.test_solver_agent import instance, served  # noqa: F401 - the embedded server fixture
 
 PROMPTS = PromptSet.load()
 
@@ -77,22 +72,6 @@ AGENT_CLI = textwrap.dedent('''\
     json.dump(messages, open(history, "w"))
     print(reply.content or "")
 ''')
-
-
-@pytest.fixture(scope="module")
-def served():
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app("low", search=library_search),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=5)
 
 
 class Scaffolded:
