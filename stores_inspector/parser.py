@@ -56,6 +56,15 @@ SHELL_WRITE = re.compile(r"(?<![0-9&>])>{1,2}(?!>|\s*(?:&|/dev/null))|\btee\b|\b
                          r"open\([^)]*['\"][wa]|write_text|\.write\(")
 
 
+# carc's own store for the program-procedure rows (harness_adapters.harness.PROGRAMS_DIR, on the
+# state volume): the same for every harness, so the base class reads it, not each parser
+PROGRAM_FILE = re.compile(r"(?:^|/)programs/[^/]+\.py$")
+PROGRAM_MENTION = re.compile(r"(?:^|[\s'\"=/(])programs/[^\s'\"/]+\.py\b")
+WRITE_NAME = re.compile(r"(?i)write|edit|patch|save|create")
+# a lookup's result that says the file is not there carries nothing, even if it names the task
+MISSING = re.compile(r"No such file|FileNotFoundError|ENOENT|does not exist|file not found", re.I)
+
+
 def shell_writes(command: str) -> bool:
     """A shell or Python command that writes a file (redirect, tee, cp/mv, sed -i, open(..., 'w'))."""
     return bool(SHELL_WRITE.search(command))
@@ -91,6 +100,33 @@ class HarnessParser:
         """Every text file that is not bookkeeping, one artifact per file."""
         return {p: Artifact(p, "file", p, text) for p, text in volume.texts.items()
                 if not matches(p, self.noise)}
+
+    def kept(self, volume: Volume, problems: Problems) -> dict[str, Artifact]:
+        """`artifacts` plus carc's program files (`programs/<task>.py`), which every harness row
+        with the program procedure keeps the same way."""
+        out = {k: a for k, a in self.artifacts(volume, problems).items() if not PROGRAM_FILE.search(a.path)}
+        for path, text in volume.texts.items():
+            if PROGRAM_FILE.search(path):
+                out[path] = Artifact(path, "program file", path, text)
+        return out
+
+    def _program_call(self, call: ToolCall) -> tuple[bool, bool]:
+        """(names a program file, writes it): a write tool, or a command that writes."""
+        call = self.tool(call)
+        texts = list(strings(call.args))
+        if not any(PROGRAM_MENTION.search(t) for t in texts):
+            return False, False
+        return True, bool(WRITE_NAME.search(call.name)) or any(shell_writes(t) for t in texts)
+
+    def looks_up(self, call: ToolCall) -> bool:
+        """A lookup of kept material: the harness's own (`is_lookup`), or reading or running a
+        program file."""
+        names, writes = self._program_call(call)
+        return self.is_lookup(call) or (names and not writes)
+
+    def writes(self, call: ToolCall) -> bool:
+        """A write of kept material: the harness's own (`is_write`), or writing a program file."""
+        return self.is_write(call) or self._program_call(call)[1]
 
     def mechanism(self, call: Call) -> str:
         """Which mechanism made this call: "agent" for the harness's agent turn."""

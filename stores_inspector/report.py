@@ -96,9 +96,49 @@ def cell_section(summary: dict[str, Any], tables: dict[str, pd.DataFrame]) -> st
     return "\n".join(parts)
 
 
-def markdown(run_name: str, summaries: list[dict[str, Any]], sections: list[str], notes: list[str]) -> str:
+def _points(value: Any) -> str:
+    return "" if value is None or pd.isna(value) else f"{100 * value:+.1f}"
+
+
+def overview(summaries: list[dict[str, Any]], tables: dict[str, pd.DataFrame],
+             twins: pd.DataFrame | None) -> str:
+    """One line per cell: what was kept and by which mechanism, whether it came back before the
+    first action on returning instances, and the paired budget difference against the cell's
+    memory-off twin (`measures.twin_table`, indexed by cell) with its equivalence bound."""
+    timeline, returns = tables.get("timeline"), tables.get("returns")
+    columns = ["cell", "harness", "row", "kept (by mechanism)", "returning", "reached", "found",
+               "cost 0", "twin", "minus twin (points) [95%]", "savings excluded beyond (points)"]
+    lines = ["## Per harness and row\n",
+             "Kept: entries created, by the mechanism that wrote them (setup and wipes left out). "
+             "Reached / found: returning instances whose first model call carried the task's "
+             "material, or whose lookup before the first action found it. The budget difference is "
+             "paired slot by slot against the memory-off twin, with a bootstrap over tasks as in "
+             "the grid report (negative is a saving).\n",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for summary in summaries:
+        cell = summary["cell"]
+        kept = "" if timeline is None or timeline.empty else ", ".join(
+            f"{n} {m}" for m, n in timeline[(timeline["cell"] == cell) & (timeline["change"] == "created")
+                                             & ~timeline["mechanism"].isin(["setup", "wipe"])]
+            .groupby("mechanism").size().items())
+        back = pd.DataFrame() if returns is None or returns.empty else \
+            returns[(returns["cell"] == cell) & returns["returning"].astype(bool)]
+        count = (lambda col: str(int(back[col].fillna(False).astype(bool).sum())) if len(back) else "")
+        twin = twins.loc[cell] if twins is not None and cell in twins.index else None
+        interval = "" if twin is None or pd.isna(twin["twin_mean"]) else \
+            f"{_points(twin['twin_mean'])} [{_points(twin['twin_lo'])}, {_points(twin['twin_hi'])}]"
+        bound = "" if twin is None or pd.isna(twin["twin_bound"]) else f"{100 * twin['twin_bound']:.1f}"
+        cells = [cell, summary.get("harness", ""), summary.get("row", ""), kept or "nothing",
+                 str(len(back)), count("reached"), count("found"), count("cost0"),
+                 "" if twin is None or twin["twin"] is None else str(twin["twin"]), interval, bound]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(run_name: str, summaries: list[dict[str, Any]], sections: list[str], notes: list[str],
+             overview_table: str = "") -> str:
     head = [f"# What each harness kept: {run_name}\n",
             "Read from the state snapshots after every instance, the harness stores in the last "
             "snapshot, and the proxy journal (docs/inspector.md says how each column is found).\n"]
     head += [f"_{n}_\n" for n in notes]
-    return "\n".join(head + sections)
+    return "\n".join(head + ([overview_table] if overview_table else []) + sections)

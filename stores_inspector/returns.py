@@ -6,7 +6,8 @@ Three questions per instance, from the journal's request and response bodies:
   test input) are taken out. Only the first call counts: a harness may re-inject a note the
   agent has just written in this instance into later calls (openclaw rebuilds its prompt).
 - looked: an agent call before the first action made a lookup tool call (memory search, a read
-  of the memory files, a session search, a skill load); found: a lookup's result names the task.
+  of the memory files, a session search, a skill load, reading or running a program file);
+  found: a lookup's result names the task (a "no such file" answer does not count).
 - cost 0: the instance was answered with no demonstration bought and no wrong attempt.
 """
 
@@ -21,7 +22,7 @@ import pandas as pd
 from stores_inspector.calls import Call
 from stores_inspector.cell import InspectedCell, Instance
 from stores_inspector.material import TaskMaterial
-from stores_inspector.parser import HarnessParser
+from stores_inspector.parser import MISSING, HarnessParser
 
 COLUMNS = ["cell", "slot", "task", "visit", "returning", "reached", "reached_via", "reached_excerpt",
            "looked", "lookups", "found", "lookups_any", "digest", "digest_empty", "status", "cost", "cost0",
@@ -58,7 +59,7 @@ def _lookup_results(calls: list[Call], parser: HarnessParser) -> list[str]:
         for message in call.messages:
             for tool in message.tool_calls:
                 asked[tool.id] = tool
-            if message.role == "tool" and message.answers in asked and parser.is_lookup(asked[message.answers]):
+            if message.role == "tool" and message.answers in asked and parser.looks_up(asked[message.answers]):
                 results.append(message.text)
     return results
 
@@ -81,15 +82,15 @@ def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial,
                                "first_submit_demos": instance.first_submit_demos}
         protocol = records.protocol_texts(slot)
         reached, via, excerpt = _reached(early[0], instance, protocol, material) if early else (None, "", "")
-        lookups = [parser.describe(t) for c in early for t in c.tool_calls if parser.is_lookup(t)]
+        lookups = [parser.describe(t) for c in early for t in c.tool_calls if parser.looks_up(t)]
         found = any(instance.task in material.named(_strip_protocol(text, protocol, instance.task))
-                    for text in _lookup_results(early, parser))
+                    for text in _lookup_results(early, parser) if not MISSING.search(text))
         digest = parser.digest(early[0].system()) if early else None
         row.update({"reached": reached, "reached_via": via, "reached_excerpt": excerpt,
                     "looked": bool(lookups) if early else None, "lookups": ", ".join(lookups),
                     "found": found if early else None,
                     "lookups_any": ", ".join(parser.describe(t) for c in mine for t in c.tool_calls
-                                             if parser.is_lookup(t)),
+                                             if parser.looks_up(t)),
                     "digest": hashlib.sha1(digest.encode()).hexdigest()[:10] if digest is not None else None,
                     "digest_empty": parser.digest_empty(digest) if digest is not None else None})
         rows.append(row)

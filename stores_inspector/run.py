@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from orchestrator.analysis import measures
+from orchestrator.analysis.report import load_run
 from orchestrator.records import RunPaths
 from stores_inspector import report, returns, timeline
 from stores_inspector.cell import InspectedCell
@@ -75,6 +78,21 @@ def inspect_cell(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any],
     return tables, summary, report.cell_section(summary, tables)
 
 
+def twins(run_dir: Path, notes: list[str]) -> pd.DataFrame | None:
+    """The grid report's paired differences against each cell's memory-off twin, by cell (the
+    same seed and resamples as `carc report`; None, with a note, when the run cannot be read)."""
+    try:
+        cells, events = load_run(run_dir)
+        frame = measures.instances_frame(events, cells)
+        if frame.empty:
+            return None
+        table = measures.twin_table(frame, measures.TaskResamples(np.random.default_rng(0), measures.RESAMPLES))
+    except (OSError, ValueError, KeyError) as exc:
+        notes.append(f"No budget differences: the run's events could not be analysed ({exc}).")
+        return None
+    return table.set_index("cell")
+
+
 def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
     """Inspect every cell of RUN (or only `cell`); nothing in a cell's stores can make it fail."""
     run_dir = Path(run_dir)
@@ -104,5 +122,7 @@ def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
     tables["cells"] = pd.DataFrame(summaries).astype(str)
     notes = [] if importlib.util.find_spec("pyarrow") else [
         "Tables are written as CSV only: parquet needs the pyarrow package."]
-    return InspectResult(run_dir, tables, summaries, report.markdown(run_dir.name, summaries, sections, notes),
-                         notes)
+    rows = [s for s in summaries if "problem" not in s]
+    overview = report.overview(rows, tables, twins(run_dir, notes)) if rows else ""
+    return InspectResult(run_dir, tables, summaries,
+                         report.markdown(run_dir.name, summaries, sections, notes, overview), notes)

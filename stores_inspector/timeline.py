@@ -50,7 +50,7 @@ def mechanism_runs(records: InspectedCell, parser: HarnessParser, calls: list[Ca
         if call.mechanism == "agent":
             continue
         run = last.get(call.mechanism)
-        writes = sum(parser.is_write(t) for t in call.tool_calls)
+        writes = sum(parser.writes(t) for t in call.tool_calls)
         joins = run is not None and run["slot"] == call.slot and (
             call.continues() or (call.mechanism in parser.sweeps and call.t - run["_t_last"] < SWEEP_GAP_S))
         if joins:
@@ -109,7 +109,7 @@ def attribute(artifact: Artifact, candidates: list[Call], parser: HarnessParser,
     needles = _needles(artifact, deleted)
     for call in candidates:
         for tool in call.tool_calls:
-            if not parser.is_write(tool):
+            if not parser.writes(tool):
                 continue
             texts = list(strings(parser.tool(tool).args))
             if any(n in t for n in needles for t in texts):
@@ -160,7 +160,7 @@ def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial,
         for row in file_diff(before.files if before else {}, volume):
             file_rows.append({"cell": records.name, "slot": slot, "task": task, "visit": visit, **row})
         with problems.guard(f"snapshots/{path.name}", "artifacts could not be parsed"):
-            artifacts = parser.artifacts(volume, problems)
+            artifacts = parser.kept(volume, problems)
             wiped = instance is not None and instance.wiped_before
             changes = _changes(artifacts_before, artifacts, wiped)
             for change, artifact in changes:

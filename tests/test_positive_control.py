@@ -107,3 +107,18 @@ def test_the_program_file_comes_back_through_the_exec_tool_only_when_kept(run_di
     kept = outputs("hermes-agent-program-procedure.low.sequential.s3")
     wiped = outputs("hermes-agent-program-procedure-wiped.low.sequential.s3")
     assert kept > 0 and wiped == 0
+
+
+def test_the_inspector_shows_the_program_file_kept_run_and_found_only_when_kept(run_dir):
+    result = inspect_run(run_dir)
+    returns, timeline = result.tables["returns"], result.tables["timeline"]
+    kept_cell = "hermes-agent-program-procedure.low.sequential.s3"
+    files = timeline[(timeline["cell"] == kept_cell) & (timeline["kind"] == "program file")]
+    assert len(files) and (files["mechanism"] == "agent tool call").all(), files[["slot", "mechanism", "evidence"]]
+    kept = returns[(returns["cell"] == kept_cell) & returns["returning"]]
+    assert kept["looked"].all() and kept["found"].all(), kept[["slot", "task", "looked", "lookups", "found"]]
+    wiped = returns[returns["cell"] == "hermes-agent-program-procedure-wiped.low.sequential.s3"]
+    assert wiped["looked"].all() and not wiped["found"].any()
+    overview = result.markdown.split("## Per harness and row", 1)[1].split("\n## ", 1)[0]
+    line = next(line for line in overview.splitlines() if line.startswith(f"| {kept_cell} "))
+    assert "agent tool call" in line and "hermes-agent-program-procedure-wiped" in line, line

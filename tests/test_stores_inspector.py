@@ -507,3 +507,62 @@ def test_openclaw_tool_names_holding_separators_and_odd_timestamps_are_counted()
     assert _tool_counts(None) == {}
     assert _epoch_ms(1_700_000_000_000) == 1_700_000_000.0
     assert _epoch_ms("2026-01-01T00:00:00Z") is None and _epoch_ms(None) is None
+
+
+# --- the program procedure: carc's own store, read the same way for every harness ----------------
+
+@pytest.mark.parametrize("harness, tool", [("hermes-agent", "terminal"), ("openclaw", "exec"),
+                                           ("prime-agent", "ipython"), ("my-agent", "shell")])
+def test_a_program_file_written_after_the_verdict_is_run_and_found_on_the_return(tmp_path, harness, tool):
+    folder = tmp_path / "run" / "cells" / f"{harness}-program-procedure.low.sequential.s0"
+    (folder / "snapshots").mkdir(parents=True)
+    (folder / "journal").mkdir()
+    (folder / "cell.json").write_text(json.dumps({"cell": folder.name, "learner": harness,
+                                                  "row": "program-procedure"}))
+    (folder / "sandbox.json").write_text(json.dumps({"harness": harness}))
+    lines = []
+    for slot in (0, 1):
+        event = {"cell": folder.name, "slot": slot, "phase": "stream", "task": TASK_A, "visit": slot,
+                 "exposure": slot}
+        t = T0 + 100 * slot
+        lines += [{"type": "instance_start", "t": t, **event},
+                  {"type": "step", "t": t + 3, "step": 1, "outcome": "correct", "over": True, "cost": 0, **event},
+                  {"type": "instance_end", "t": t + 5, "status": "solved", "cost": 0, "demos_used": 0, **event}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    opening = f"Task id: {TASK_A}\nTest input:\n[[3,1,2],[3,1,2]]\n"
+    path = f"/state/programs/{TASK_A}.py"
+    source = f"CARC_NOTE = 'carc-note task {TASK_A}'\n\ndef transform(grid):\n    return grid\n"
+    run = f"python3 -c 'import runpy;m=runpy.run_path(\"{path}\");print(m[\"transform\"]([[3]]))'"
+    write = f"mkdir -p /state/programs && cat > {path} <<'EOF'\n{source}EOF"
+    if tool == "ipython":
+        run = f"import runpy;m=runpy.run_path({path!r});print(m['transform']([[3]]))"
+        write = f"open({path!r}, 'w').write({source!r})"
+
+    def call(slot: int, t: float, command: str, result: str | None) -> list[str]:
+        tool_call = {"id": f"c{slot}{int(t)}", "type": "function",
+                     "function": {"name": tool, "arguments": json.dumps({"command": command, "code": command})}}
+        out = [journal_call(folder.name, slot, "before" if result is not None else "after", t,
+                            [{"role": "user", "content": opening}], tool_call=tool_call)]
+        if result is not None:
+            out.append(journal_call(folder.name, slot, "before", t + 0.5, [
+                {"role": "user", "content": opening}, {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                {"role": "tool", "tool_call_id": tool_call["id"], "content": result}], reply="{}"))
+        return out
+    missing = f"python3: can't open file '{path}': [Errno 2] No such file or directory"
+    (folder / "journal" / "journal.jsonl").write_text("".join(
+        call(0, T0 + 1, run, missing) + call(0, T0 + 4, write, None)
+        + call(1, T0 + 101, run, f"carc-output task {TASK_A}: [[3]]")))
+    (folder / "transcripts").mkdir()
+    for slot in (0, 1):
+        (folder / "transcripts" / f"{slot:05d}.json").write_text(json.dumps([{"user": opening}]))
+    program = {f"programs/{TASK_A}.py": (source, T0 + 4.5)}
+    (folder / "snapshots" / "00000.tar.gz").write_bytes(tar_gz(program))
+    (folder / "snapshots" / "00001.tar.gz").write_bytes(tar_gz(program))
+    result = inspect_run(tmp_path / "run")
+    kept = rows(result.tables["timeline"], kind="program file")
+    assert len(kept) == 1, result.tables["timeline"]
+    assert (kept.iloc[0]["slot"], kept.iloc[0]["change"], kept.iloc[0]["mechanism"], kept.iloc[0]["names_task"]) \
+        == (0, "created", "agent tool call", TASK_A)
+    returns = result.tables["returns"].set_index("slot")
+    assert returns.loc[0, "looked"] and not returns.loc[0, "found"]  # "no such file" carries nothing
+    assert returns.loc[1, "looked"] and returns.loc[1, "found"] and tool in returns.loc[1, "lookups"]
