@@ -12,6 +12,7 @@ from __future__ import annotations
 import filecmp
 import json
 import random
+import re
 import sqlite3
 from pathlib import Path
 
@@ -459,7 +460,10 @@ def test_carc_inspect_on_the_real_run_writes_a_section_per_cell(real_run):
     result = CliRunner().invoke(app, ["inspect", str(real_run)])
     assert result.exit_code == 0, result.output
     text = (real_run / "inspect" / "inspect.md").read_text()
-    assert text.count("\n## ") == 3 and (real_run / "inspect" / "timeline.csv").exists()
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sections[0] == "Per harness and row", sections
+    assert len(sections[1:]) == 3 and all(s.endswith(".s5") for s in sections[1:]), sections
+    assert (real_run / "inspect" / "timeline.csv").exists()
 
 
 # --- shapes a harness or an upstream only sometimes writes -------------------------------------------
