@@ -60,6 +60,19 @@ class ModelUnavailable(RuntimeError):
     """The endpoint failed after all retries; the runner fails the instance with this reason."""
 
 
+def _wire_safe(value: Any) -> Any:
+    """The conversation as UTF-8 can carry it: a lone surrogate a reply ended with (cut
+    mid-emoji) is sent back as U+FFFD. Only the copy on the wire changes; the records keep the
+    reply exactly as received."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_wire_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire_safe(v) for k, v in value.items()}
+    return value
+
+
 class ChatModel:
     def __init__(self, endpoint: ModelEndpoint):
         self.endpoint = endpoint
@@ -81,7 +94,7 @@ class ChatModel:
         start = time.perf_counter()
         try:
             response = self.client.chat.completions.create(
-                model=self.endpoint.model, messages=messages, **extra)
+                model=self.endpoint.model, messages=_wire_safe(messages), **extra)
         except openai.APIError as exc:
             raise ModelUnavailable(f"{self.endpoint.base_url} ({self.endpoint.model}): {exc}") from exc
         seconds = time.perf_counter() - start

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import Action, Malformed, Outcome, Verdict, parse_action
+from orchestrator.protocol import Action, Malformed, Outcome, Verdict, extract_action
 
 from harness_adapters.base import InstanceView, StepRecord, Turn
 from harness_adapters.chat_model import ChatModel, Usage
@@ -70,13 +70,14 @@ class ProgramLibrary(DemoCacheFloor):
             if turn is not None:
                 return turn
         usage = Usage()
+        programs = 0
         for _ in range(MAX_CHECKS_PER_TURN):
             reply = self.model.complete(self.messages, deadline=self.deadline)
             usage = usage + reply.usage
             self.messages.append({"role": "assistant", "content": reply.text})
             source = extract_program(reply.text)
             if source is None:
-                action = parse_action(reply.text.strip())
+                action = extract_action(reply.text)
                 if isinstance(action, Action) and action.kind in ("request_demos", "finish"):
                     return Turn(text=reply.text, action=action, usage=usage)
                 reason = ("the reply holds neither a ```python block defining transform(grid) "
@@ -84,6 +85,7 @@ class ProgramLibrary(DemoCacheFloor):
                 self.messages.append({"role": "user",
                                       "content": self.prompts.render("program_no_code", reason=reason)})
                 continue
+            programs += 1
             result = check_program(source, self.pairs, self.test_input, self.limits, self.executor)
             if result.passed:
                 self.last_program = self.passing = source
@@ -92,8 +94,10 @@ class ProgramLibrary(DemoCacheFloor):
             self.messages.append({"role": "user", "content": self.prompts.render(
                 "program_check_failed", details=result.details)})
         # The model gave no passing program this turn; the protocol counts it as malformed (free).
-        return Turn(action=Malformed(f"no program reproduced the pairs in {MAX_CHECKS_PER_TURN} tries"),
-                    usage=usage)
+        why = (f"no program reproduced the pairs ({programs} of {MAX_CHECKS_PER_TURN} replies held one)"
+               if programs else f"none of {MAX_CHECKS_PER_TURN} replies held a program or a JSON "
+                                "request for a demonstration")
+        return Turn(action=Malformed(why), usage=usage)
 
     def _run_kept(self) -> Turn | None:
         source = self._kept_path(self.task_id).read_text()

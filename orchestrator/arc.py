@@ -16,8 +16,41 @@ MAX_SIDE = 30
 COLOURS = range(10)
 
 
+SPELL_LIMIT = 200  # characters of a learner's value echoed in a message
+
+
 class GridError(ValueError):
     """A value that is not a valid ARC grid; the message says exactly what is wrong."""
+
+
+def spell(value: Any, limit: int = SPELL_LIMIT) -> str:
+    """A learner's value as JSON text (`null`, `true`, not Python's), cut to `limit` characters
+    with "…", and with any lone surrogate escaped, so a message echoing it stays bounded and
+    encodable."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
 
 
 def as_grid(value: Any) -> Grid:
@@ -26,14 +59,14 @@ def as_grid(value: Any) -> Grid:
     Raises `GridError` naming the first problem: not a list, empty, ragged, bad cell, too big.
     """
     if not isinstance(value, (list, tuple)):
-        raise GridError(f"grid must be a list of rows, got {type(value).__name__}")
+        raise GridError(f"grid must be an array of rows, got {json_type(value)} {spell(value, 40)}")
     if not 1 <= len(value) <= MAX_SIDE:
         raise GridError(f"grid has {len(value)} rows; it must have 1 to {MAX_SIDE}")
     rows: list[tuple[int, ...]] = []
     width = None
     for r, row in enumerate(value):
         if not isinstance(row, (list, tuple)):
-            raise GridError(f"row {r} must be a list of cells, got {type(row).__name__}")
+            raise GridError(f"row {r} must be an array of cells, got {json_type(row)} {spell(row, 40)}")
         if width is None:
             width = len(row)
             if not 1 <= width <= MAX_SIDE:
@@ -43,7 +76,7 @@ def as_grid(value: Any) -> Grid:
         for c, cell in enumerate(row):
             # bool is an int subclass; true/false are not colours.
             if isinstance(cell, bool) or not isinstance(cell, int):
-                raise GridError(f"cell [{r}][{c}] is {cell!r}; cells must be integers 0 to 9")
+                raise GridError(f"cell [{r}][{c}] is {spell(cell, 40)}; cells must be integers 0 to 9")
             if cell not in COLOURS:
                 raise GridError(f"cell [{r}][{c}] is {cell}; cells must be integers 0 to 9")
         rows.append(tuple(row))

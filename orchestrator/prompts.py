@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 REQUIRED = ("system", "instance", "cached_header", "demo", "after_demo", "verdict_incorrect",
             "verdict_correct", "verdict_failed", "refused", "malformed", "program_system",
             "program_check_failed", "program_no_code", "store_invitation", "program_procedure",
-            "program_save_request")
+            "program_save_request", "malformed_failed", "malformed_warning")
+# From this many malformed replies left before the cap, the learner is warned after each one.
+MALFORMED_WARNING = 5
 
 
 class PromptError(ValueError):
@@ -103,7 +105,13 @@ class PromptSet:
         if isinstance(outcome, Refused):
             return self.render("refused", reason=outcome.reason)
         if isinstance(outcome, MalformedReply):
-            return self.render("malformed", reason=outcome.reason)
+            if outcome.left == 0:  # this reply reached the cap: the instance failed, charged in full
+                return self.render("malformed_failed", reason=outcome.reason)
+            text = self.render("malformed", reason=outcome.reason)
+            if outcome.left is not None and outcome.left <= MALFORMED_WARNING:
+                text += self.render("malformed_warning", left=outcome.left,
+                                    replies="reply" if outcome.left == 1 else "replies")
+            return text
         if isinstance(outcome, Finished):
             return "The conversation is over."
         raise TypeError(f"unknown outcome {outcome!r}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from orchestrator.arc import Demo, Grid, GridError, as_grid
+from orchestrator.arc import SPELL_LIMIT, Demo, Grid, GridError, as_grid, json_type, spell
 from orchestrator.tasks.base import ArcInstance
 
 ACTION_ALIASES = {
@@ -80,92 +80,175 @@ class Malformed:
     raw: str = ""
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _decode(text: str) -> Any:
+    """json.loads, strict: NaN and Infinity refused. Raises ValueError (JSONDecodeError, or
+    Python's integer-digits limit) or RecursionError."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _json_error(exc: Exception, text: str, offset: int) -> str:
+    """Why JSON text failed to decode, with the line and column in the reply when known."""
+    if isinstance(exc, json.JSONDecodeError):
+        pos = offset + exc.pos
+        line = text.count("\n", 0, pos) + 1
+        column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        return f"not valid JSON at line {line} column {column} of the reply: {exc.msg}"
+    if isinstance(exc, RecursionError):
+        return "not valid JSON: nested too deeply"
+    if "digits" in str(exc):  # Python's limit on integer digits (sys.get_int_max_str_digits)
+        return "not valid JSON: a number has too many digits (more than 4300)"
+    return f"not valid JSON: {str(exc)[:SPELL_LIMIT]}"
+
+
 def parse_action(value: Any) -> Action | Malformed:
     """Parse one action from JSON text or an already-decoded object. Never raises."""
     raw = value if isinstance(value, str) else ""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return Malformed(f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})", raw)
+            value = _decode(value)
+        except (ValueError, RecursionError) as exc:
+            return Malformed(_json_error(exc, raw, 0), raw)
     if not isinstance(value, dict):
-        return Malformed(f"an action must be a JSON object, got {type(value).__name__}", raw)
+        return Malformed(f"an action must be a JSON object, got {json_type(value)}", raw)
     if "action" not in value:
         return Malformed('the object has no "action" key', raw)
     name = value["action"]
     if not isinstance(name, str) or name not in ACTION_ALIASES:
         known = ", ".join(sorted(ACTION_ALIASES))
-        return Malformed(f'unknown action {name!r}; known actions: {known}', raw)
+        return Malformed(f"unknown action {spell(name)}; known actions: {known}", raw)
     kind = ACTION_ALIASES[name]
     extra = sorted(set(value) - ALLOWED_KEYS[kind])
     if extra:
         allowed = ", ".join(f'"{k}"' for k in sorted(ALLOWED_KEYS[kind]))
-        return Malformed(f"unexpected key(s) {', '.join(repr(k) for k in extra)} for {name!r}; "
-                         f"allowed: {allowed}", raw)
+        listed = spell(extra)[1:-1] if len(extra) > 1 else spell(extra[0])
+        return Malformed(f"unexpected key(s) {listed} for {spell(name)}; allowed: {allowed}", raw)
     if kind != "submit":
         return Action(kind)
     if "grid" not in value:
-        return Malformed('submit needs a "grid": a list of rows of integers 0 to 9', raw)
+        return Malformed('submit needs a "grid": an array of rows of integers 0 to 9', raw)
     try:
         return Action("submit", as_grid(value["grid"]))
     except GridError as exc:
         return Malformed(str(exc), raw)
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+# Work bound of the search for an embedded action: characters handed to the JSON decoder, as a
+# multiple of the reply's length, so extraction stays linear in the reply whatever it holds.
+DECODE_BUDGET_FACTOR = 4
+DECODE_BUDGET_MIN = 65_536
 
 
 def extract_action(text: str) -> Action | Malformed:
     """Find the one JSON action in a reply that may wrap it in prose or a code fence.
 
-    The last fenced JSON object wins; otherwise the last balanced `{...}` that decodes to an
-    object with an "action" key; otherwise the whole text is parsed (and reported malformed).
+    The whole reply is tried first; then the last fenced JSON object; then the last `{...}` span
+    (outermost first, searching inside a span only when it does not decode) that decodes to an
+    object with an "action" key. Never raises, and its work is linear in the reply's length: an
+    unclosed fence or brace, a stray quote, an over-long number or a deep nesting is malformed
+    (free), never an error or a hang.
     """
     if not isinstance(text, str):
-        return Malformed(f"reply must be text, got {type(text).__name__}")
+        return Malformed(f"reply must be text, got {json_type(text)}")
     stripped = text.strip()
     if not stripped:
         return Malformed("the reply is empty; it must carry one JSON action")
+    lead = len(text) - len(text.lstrip())
     direct = parse_action(stripped)
     if isinstance(direct, Action):
         return direct
-    fenced = _FENCE.findall(stripped)
-    candidates = list(reversed(fenced)) + list(reversed(_json_objects(stripped)))
-    for candidate in candidates:
+    if direct.reason.startswith("not valid JSON at line"):  # positions count from the reply
         try:
-            obj = json.loads(candidate)
-        except (json.JSONDecodeError, RecursionError):
+            _decode(stripped)
+        except (ValueError, RecursionError) as exc:
+            direct = Malformed(_json_error(exc, text, lead), text)
+    budget = DECODE_BUDGET_FACTOR * len(text) + DECODE_BUDGET_MIN
+    broken: Malformed | None = None
+    spans = [(start, end, []) for start, end in _fenced_objects(text)]
+    spans.reverse()
+    spans += _object_spans(text, strings=True)
+    # Without string awareness too, after the rest: a stray quote in prose can pair with a
+    # quote of the action and hide it from the first pass.
+    stack = list(reversed(_object_spans(text, strings=False))) + list(reversed(spans))
+    while stack and budget > 0:  # pop() takes the last span first
+        start, end, inner = stack.pop()
+        budget -= end - start
+        try:
+            obj = _decode(text[start:end])
+        except (ValueError, RecursionError) as exc:
+            if broken is None and '"action"' in text[start:end]:
+                broken = Malformed(_json_error(exc, text, start), text)
+            stack.extend(reversed(inner))  # a span that does not decode may hold one that does
             continue
         if isinstance(obj, dict) and "action" in obj:
             return parse_action(obj)
-    return direct if stripped.startswith(("{", "[")) else Malformed(
-        "no JSON action found in the reply; send one object such as {\"action\": \"request_demos\"}",
+    if stripped.startswith(("{", "[")):
+        return direct
+    return broken or Malformed(
+        'no JSON action found in the reply; send one object such as {"action": "request_demos"}',
         text)
 
 
-def _json_objects(text: str) -> list[str]:
-    """Balanced top-level `{...}` spans of the text, in order (strings respected)."""
-    spans, depth, start, in_str, esc = [], 0, -1, False, False
+def _fenced_objects(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the body of every closed ``` fence (info string none or json) that opens
+    with `{`, in order. Fences pair up left to right; an unclosed one is ignored."""
+    spans, pos = [], 0
+    while (opening := text.find("```", pos)) >= 0:
+        closing = text.find("```", opening + 3)
+        if closing < 0:
+            break
+        start = opening + 3
+        newline = text.find("\n", start, closing)
+        info = text[start:newline if newline >= 0 else closing].strip()
+        if info.lower() == "json":
+            start = newline if newline >= 0 else start + text[start:closing].lower().index("json") + 4
+        elif info.startswith("{") or not info:
+            pass
+        else:
+            pos = closing + 3
+            continue
+        body = text[start:closing]
+        left = start + len(body) - len(body.lstrip())
+        right = start + len(body.rstrip())
+        if left < right and text[left] == "{":
+            spans.append((left, right))
+        pos = closing + 3
+    return spans
+
+
+def _object_spans(text: str, strings: bool) -> list[tuple[int, int, list]]:
+    """The outermost closed `{...}` spans of the text, in order, each with the spans directly
+    inside it. Braces inside JSON strings are skipped; a string ends at a newline (JSON strings
+    hold none), so a stray quote in prose cannot hide the rest of the reply, and an unclosed `{`
+    leaves the spans after it intact. With `strings` false, quotes are not looked at."""
+    open_: list[tuple[int, list]] = []  # (start, children) of each unclosed `{`
+    top: list[tuple[int, int, list]] = []
+    in_str = esc = False
     for i, ch in enumerate(text):
         if in_str:
             if esc:
                 esc = False
             elif ch == "\\":
                 esc = True
-            elif ch == '"':
+            elif ch == '"' or ch == "\n":
                 in_str = False
             continue
-        if ch == '"' and depth > 0:
+        if ch == '"' and open_ and strings:
             in_str = True
         elif ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                spans.append(text[start:i + 1])
-    return spans
+            open_.append((i, []))
+        elif ch == "}" and open_:
+            start, children = open_.pop()
+            span = (start, i + 1, children)
+            (open_[-1][1] if open_ else top).append(span)
+    # Spans closed inside a `{` that never closed are outermost too.
+    for _start, children in open_:
+        top.extend(children)
+    top.sort(key=lambda span: span[0])
+    return top
 
 
 # --- outcomes: what the environment answers --------------------------------------------------
@@ -190,7 +273,10 @@ class Refused:
 @dataclass(frozen=True)
 class MalformedReply:
     reason: str
-    over: bool  # the malformed cap was reached and the instance failed
+    over: bool  # the instance is over (this reply reached the malformed cap, or it was over before)
+    # malformed replies the instance still takes before it fails (0: this one failed it); None when
+    # the instance was already over and the reply was not counted
+    left: int | None = None
 
 
 @dataclass(frozen=True)
@@ -287,9 +373,10 @@ class InstanceProtocol:
         if self.over:
             return MalformedReply(reason, over=True)
         self.malformed += 1
-        if self.malformed >= self.limits.max_malformed:
+        left = self.limits.max_malformed - self.malformed
+        if left <= 0:
             self.status = Status.FAILED
             self.failure_reason = f"{self.limits.max_malformed} malformed actions"
             self.failure_kind = "malformed"
-            return MalformedReply(reason, over=True)
-        return MalformedReply(reason, over=False)
+            return MalformedReply(reason, over=True, left=0)
+        return MalformedReply(reason, over=False, left=left)

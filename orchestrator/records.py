@@ -185,7 +185,26 @@ class Event(BaseModel):
     failure_kind: FailureKind | None = None  # instance_end of a failed instance, and learner_error
 
     def line(self) -> str:
-        return self.model_dump_json(exclude_none=True)
+        """The event as one JSON line. Never fails on a string a learner sent: text that UTF-8
+        cannot carry (a lone surrogate, e.g. a reply cut mid-emoji) is written as JSON escapes,
+        which read back to the same string."""
+        fields = self.model_dump(mode="json", exclude_none=True)
+        text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = json.dumps(fields, ensure_ascii=True, separators=(",", ":"))
+        return text
+
+    @classmethod
+    def from_line(cls, line: str) -> "Event":
+        return cls.model_validate(json.loads(line))
+
+
+class RecordsUnwritable(RuntimeError):
+    """The run folder would not take a record (disk full, permissions, a lost mount): the run
+    stops here, and nothing is charged to the learner for it; resume starts from the last
+    record written."""
 
 
 class EventLog:
@@ -197,9 +216,16 @@ class EventLog:
         self._fh = open(path, "a", encoding="utf-8")
 
     def append(self, event: Event) -> None:
-        self._fh.write(event.line() + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """Write, flush and fsync one event. A failed write raises `RecordsUnwritable`; a line it
+        left torn is what `read_events` already skips."""
+        line = event.line() + "\n"
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise RecordsUnwritable(f"{self.path}: cannot append an event ({exc.strerror or exc}); "
+                                    "free space or fix the folder, then resume the run") from exc
 
     def close(self) -> None:
         self._fh.close()
@@ -221,7 +247,7 @@ def read_events(path: Path) -> list[Event]:
             if not line.endswith("\n"):
                 break  # the writer died mid-line; that event was never acknowledged
             try:
-                events.append(Event.model_validate_json(line))
+                events.append(Event.from_line(line))
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: not a valid event: {exc}") from exc
     return events

@@ -119,18 +119,18 @@ def test_malformed_actions_name_exactly_what_is_wrong():
         '{"action": "submit", "grid": [[1, 2], [3]]}': "not rectangular: row 0 has 2 cells, row 1 has 1",
         '{"action": "submit", "grid": [[1, 10]]}': "cell [0][1] is 10",
         '{"action": "submit", "grid": [[1, -1]]}': "cell [0][1] is -1",
-        '{"action": "submit", "grid": [[true]]}': "cell [0][0] is True",
+        '{"action": "submit", "grid": [[true]]}': "cell [0][0] is true",
         '{"action": "submit", "grid": []}': "grid has 0 rows",
         '{"action": "submit", "grid": [[]]}': "row 0 has 0 cells",
         json.dumps({"action": "submit", "grid": [[0] * 31]}): "row 0 has 31 cells",
         json.dumps({"action": "submit", "grid": [[0]] * 31}): "grid has 31 rows",
         '{"action": "submit"}': 'needs a "grid"',
-        '{"action": "submit", "grid": "[[1]]"}': "grid must be a list of rows",
-        '{"action": "jump"}': "unknown action 'jump'",
-        '{"action": "finish", "why": "done"}': "unexpected key(s) 'why'",
+        '{"action": "submit", "grid": "[[1]]"}': "grid must be an array of rows, got string \"[[1]]\"",
+        '{"action": "jump"}': 'unknown action "jump"',
+        '{"action": "finish", "why": "done"}': 'unexpected key(s) "why" for "finish"',
         '{"grid": [[1]]}': 'no "action" key',
-        '[1, 2]': "must be a JSON object, got list",
-        '{"action": "submit", "grid": [[1]': "not valid JSON",
+        '[1, 2]': "must be a JSON object, got array",
+        '{"action": "submit", "grid": [[1]': "not valid JSON at line 1 column 34",
     }
     for text, expected in cases.items():
         parsed = parse_action(text)
@@ -147,9 +147,9 @@ def test_malformed_action_costs_nothing_and_is_answered():
 
 def test_twentieth_malformed_action_fails_the_instance_with_the_reason():
     p = proto()
-    for _ in range(19):
-        assert p.step(Malformed("x")) == MalformedReply("x", over=False)
-    assert p.step(Malformed("x")) == MalformedReply("x", over=True)
+    for n in range(19):
+        assert p.step(Malformed("x")) == MalformedReply("x", over=False, left=19 - n)
+    assert p.step(Malformed("x")) == MalformedReply("x", over=True, left=0)
     assert p.status is Status.FAILED and p.cost == 16
     assert p.failure_reason == "20 malformed actions"
 

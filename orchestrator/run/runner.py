@@ -9,6 +9,7 @@ logged steps (nothing is charged twice), and the learner gets its conversation b
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import time
@@ -25,7 +26,8 @@ from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, InstanceProtocol, Malformed,
                                    MalformedReply, Outcome, Refused, Verdict, extract_action)
-from orchestrator.records import RECORDS_FORMAT, CellPaths, Event, EventLog, read_events, truncate_torn_tail
+from orchestrator.records import (RECORDS_FORMAT, CellPaths, Event, EventLog, RecordsUnwritable, read_events,
+                                  truncate_torn_tail)
 from orchestrator.run.cell_services import cell_services, ladder_learner
 from orchestrator.run.grid_config import Cell, GridConfig
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
@@ -206,23 +208,29 @@ class CellRunner:
                 if time.monotonic() > deadline:
                     protocol.expire(wall_clock, "wall-clock")
                     break
-                outcome = protocol.step(action)
-                step_no += 1
-                usage = usage + turn.usage
+                # The step is applied to a copy and adopted only once its event is on disk, so
+                # an action is never in effect without its record.
+                applied = copy.copy(protocol)
+                outcome = applied.step(action)
                 journal.append(self._event(
-                    "step", slot, step=step_no,
+                    "step", slot, step=step_no + 1,
                     action=action.to_json() if isinstance(action, Action) else {"malformed": action.reason},
                     reply=turn.text or None, outcome=outcome_label(outcome),
                     message=getattr(outcome, "reason", None), note=turn.note or None,
-                    cost=protocol.cost, demos_used=protocol.demos_used,
-                    attempts_used=protocol.wrong, malformed=protocol.malformed,
-                    over=protocol.over, model_calls=turn.usage.calls,
+                    cost=applied.cost, demos_used=applied.demos_used,
+                    attempts_used=applied.wrong, malformed=applied.malformed,
+                    over=applied.over, model_calls=turn.usage.calls,
                     prompt_tokens=turn.usage.prompt_tokens,
                     completion_tokens=turn.usage.completion_tokens,
                     model_s=round(turn.usage.seconds, 4), cost_usd=turn.usage.usd))
+                protocol = applied
+                step_no += 1
+                usage = usage + turn.usage
                 if protocol.over:
                     self.services.set_slot(slot.index, "after")
                 learner.observe(outcome, protocol.wrong, protocol.demos_used)
+        except RecordsUnwritable:
+            raise  # the run folder failed, not the learner: the run stops, resume goes on from here
         except ModelUnavailable as exc:
             learner_error = f"model unavailable: {exc}", "model-unavailable"
         except HarnessError as exc:
