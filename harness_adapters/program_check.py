@@ -9,10 +9,12 @@ runs it in the cell's Docker container that has no network (the default in grids
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
@@ -62,19 +64,54 @@ class ProgramExecutor(Protocol):
     def __call__(self, payload: str, limits: ProgramLimits) -> ExecResult: ...
 
 
+# What a program run on the host gets of the environment: no variable of the orchestrator's (the
+# API key among them) — a locale and a path, nothing more.
+PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+NOBODY = 65534  # a program run by root on the host runs as nobody: it cannot read
+                # /proc/<orchestrator>/environ (root's, mode 0400) nor anything root keeps
+
+
+def _world_executable(path: str) -> bool:
+    """Whether any user can run `path` (every folder on its way searchable by others)."""
+    real = Path(os.path.realpath(path))
+    try:
+        return all(p.stat().st_mode & 0o001 for p in real.parents) and bool(real.stat().st_mode & 0o005 == 0o005)
+    except OSError:
+        return False
+
+
+def program_python() -> str:
+    """The interpreter a host program runs in: carc's own, or (run as nobody, when carc's is in a
+    folder only root can enter, such as /root/.pyenv) the system's python3, which the driver's
+    stdlib needs are met by."""
+    if os.geteuid() != 0 or _world_executable(sys.executable):
+        return sys.executable
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if _world_executable(candidate):
+            return candidate
+    raise RuntimeError(f"sandbox.engine process, run as root: no python3 that user nobody can run "
+                       f"({sys.executable} is not); install Debian's python3 or use the docker engine")
+
+
 def _apply_limits(limits: ProgramLimits):
     def set_limits() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
     return set_limits
 
 
 def local_executor(payload: str, limits: ProgramLimits) -> ExecResult:
-    """The driver in a host subprocess with rlimits."""
+    """The driver in a host subprocess with rlimits, an empty environment, and (when carc runs as
+    root) the uid of nobody. The process engine is for machines without Docker: a non-root
+    orchestrator's programs share its uid, so keep real keys to the docker engine there."""
     try:
-        proc = subprocess.run([sys.executable, "-I", "-S", "-c", DRIVER], input=payload.encode(),
-                              capture_output=True, timeout=limits.wall_s,
+        proc = subprocess.run([program_python(), "-I", "-S", "-c", DRIVER], input=payload.encode(),
+                              capture_output=True, timeout=limits.wall_s, env=PROGRAM_ENV, cwd="/",
                               preexec_fn=_apply_limits(limits))
     except subprocess.TimeoutExpired:
         return ExecResult(-9, b"", b"", timed_out=True)

@@ -64,13 +64,46 @@ class _Call:
         self.streamed = False
         self.body = bytearray()
         self.t_first_byte: float | None = None
+        self.redactor: _StreamRedactor | None = None
+        self.event_stream = False  # an SSE answer, streamed or (compressed) read whole
 
     def tee(self, data: bytes) -> bytes:
-        """flow.response.stream callable: pass every chunk on at once, keep a copy."""
+        """flow.response.stream callable: pass every chunk on at once, keep a copy. With a real
+        key, the chunks pass a `_StreamRedactor` first (mitmproxy calls this with b"" at the
+        end of the stream, which flushes what it held back)."""
         if data and self.t_first_byte is None:
             self.t_first_byte = time.time()
+        if self.redactor is not None:
+            data = self.redactor.feed(data) if data else self.redactor.flush()
         self.body += data
         return data
+
+
+class _StreamRedactor:
+    """Masks a secret in a stream of chunks, also when the secret is split across chunks: a
+    chunk's tail that could be the start of the secret is held back until the next chunk shows
+    whether it is (any other byte passes on at once). The mask has the secret's length, so a
+    Content-Length stays true."""
+
+    def __init__(self, secret: bytes) -> None:
+        self.secret, self.mask, self.held = secret, mask_of(secret), b""
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = (self.held + data).replace(self.secret, self.mask)
+        keep = next((n for n in range(min(len(self.secret) - 1, len(buffer)), 0, -1)
+                     if self.secret.startswith(buffer[-n:])), 0)
+        self.held = buffer[len(buffer) - keep:]
+        return buffer[:len(buffer) - keep]
+
+    def flush(self) -> bytes:
+        out, self.held = self.held, b""
+        return out
+
+
+def mask_of(secret: bytes) -> bytes:
+    """What replaces the key in anything sent back to a client: REDACTED cut or padded to the
+    key's own length, so no framing (Content-Length, a stream) changes."""
+    return (REDACTED.encode() + b"*" * len(secret))[:len(secret)]
 
 
 class Journal:
@@ -163,27 +196,59 @@ class Journal:
                 return
             if self.real_key:
                 inject_key(flow.request.headers, self.real_key)
+                # Uncompressed answers, so an echoed key can be masked as the bytes pass.
+                flow.request.headers["accept-encoding"] = "identity"
         except Exception:  # noqa: BLE001
             self._failed(flow, "request", refuse=True)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         try:
             call = self.calls.get(flow.id)
-            content_type = flow.response.headers.get("content-type", "")
+            response = flow.response
+            if self.real_key:  # an upstream may echo the key in any header
+                for name, value in list(response.headers.items(multi=True)):
+                    if self.real_key in value or self.real_key in name:
+                        response.headers.set_all(name, [v.replace(self.real_key, mask_of(
+                            self.real_key.encode()).decode()) for v in response.headers.get_all(name)])
+            content_type = response.headers.get("content-type", "")
+            encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
             if call is not None and content_type.lower().startswith("text/event-stream"):
+                call.event_stream = True
+                if self.real_key and encoded:
+                    # A compressed stream cannot be masked chunk by chunk: it is read whole and
+                    # masked in `response` like any body (the upstream ignored accept-encoding).
+                    return
                 call.streamed = True
+                if self.real_key:
+                    call.redactor = _StreamRedactor(self.real_key.encode())
                 flow.response.stream = call.tee
         except Exception:  # noqa: BLE001
             self._failed(flow, "responseheaders")
 
     def response(self, flow: http.HTTPFlow) -> None:
         try:
-            if self.real_key and flow.response is not None and flow.response.raw_content:
-                # an upstream error message may quote the key; the sandbox must never see it
+            call = self.calls.get(flow.id)
+            streamed = call is not None and call.streamed
+            if self.real_key and flow.response is not None and flow.response.raw_content \
+                    and not streamed:
+                # An upstream may quote the key in any body, compressed or not; the sandbox
+                # must never see it. Masked in the decoded body, which is then encoded again
+                # (`content` fixes Content-Length); a body that does not decode is withheld.
                 key = self.real_key.encode()
-                if key in flow.response.raw_content:
-                    flow.response.raw_content = flow.response.raw_content.replace(
-                        key, REDACTED.encode())
+                try:
+                    content = flow.response.get_content(strict=True)
+                except ValueError:
+                    content = None
+                if content is None:
+                    if key in flow.response.raw_content:
+                        flow.response.raw_content = flow.response.raw_content.replace(key, mask_of(key))
+                    else:
+                        flow.response = http.Response.make(
+                            502, "carc proxy: the upstream's body did not decode, so it could not "
+                                 "be checked for the API key; it was withheld.\n",
+                            {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "withheld"})
+                elif key in content:
+                    flow.response.content = content.replace(key, mask_of(key))
             self._finish(flow, None)
         except Exception:  # noqa: BLE001
             self._failed(flow, "response")
@@ -281,7 +346,7 @@ class Journal:
         return JournalEntry(
             id=flow.id, cell=ctx.options.carc_cell, slot=call.slot, phase=call.phase,
             mode=mode_of(flow), method=request.method, url=safe_url(request),
-            host=request.host, api=api, model=model, stream=call.streamed or asked_stream,
+            host=request.host, api=api, model=model, stream=call.event_stream or asked_stream,
             status=flow.response.status_code if flow.response is not None else None,
             refused=call.refused is not None, request=request_obj, response=response_obj,
             t_start=call.t_start, t_first_byte=t_first, t_end=t_end,
@@ -296,8 +361,11 @@ class Journal:
             return None, []
         problems: list[str] = []
         obj = None
-        if call.streamed:
-            body, problem = decoded(bytes(call.body), response.headers.get("content-encoding", ""))
+        if call.event_stream:
+            if call.streamed:
+                body, problem = decoded(bytes(call.body), response.headers.get("content-encoding", ""))
+            else:
+                body, problem = response.get_content(strict=False) or b"", None
             problems += [problem] if problem else []
             if api != "other":
                 obj, problem = reassemble(api, body)

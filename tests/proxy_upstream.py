@@ -1,7 +1,8 @@
 """A scripted model upstream for the proxy tests: real HTTP (uvicorn in a thread), fixed answers.
 
 What it serves, chosen by path and by the request's `model`:
-- POST /v1/chat/completions: JSON, or a stream (role, text and tool-call deltas, the usage chunk
+- POST /v1/chat/completions: models "echo-sse", "echo-gzip", "echo-gzip-sse" and "echo-header"
+  quote the caller's authorization header back (see `echo`); otherwise JSON, or a stream (role, text and tool-call deltas, the usage chunk
   when `stream_options.include_usage`); model "boom" answers 500; model "hang" streams two chunks
   and then waits until the client goes away (recorded in `disconnects`).
 - POST /v1/responses: a Responses API stream ending in `response.completed`.
@@ -12,6 +13,7 @@ Every request is recorded (path, headers, body) in `seen`.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import threading
 import time
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.host import free_port
 
@@ -135,6 +137,8 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
         if body.get("model") == "boom":
             return JSONResponse({"error": {"message": "upstream exploded", "type": "server"}},
                                 status_code=500)
+        if str(body.get("model", "")).startswith("echo-"):
+            return echo(body["model"], request.headers.get("authorization", ""))
         if body.get("model") == "hang":
             return StreamingResponse(hang(json.dumps(body)), media_type="text/event-stream")
         if body.get("stream"):
@@ -144,6 +148,31 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
                 "model": body.get("model"), "usage": CHAT_USAGE,
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": "Hello"}}]}
+
+    def echo(model: str, secret: str):
+        """An upstream that quotes the caller's key back: in a stream split mid-key, in a gzip
+        body (sent compressed whatever the client accepts), in a gzip stream, in a header."""
+        if model == "echo-sse":
+            text = sse(chat_chunk({"role": "assistant", "content": f"you sent {secret}"}))
+            cut = text.index(secret.encode()) + len(secret) // 2
+
+            async def chunks():
+                yield text[:cut]
+                await asyncio.sleep(0.05)
+                yield text[cut:] + sse(chat_chunk({}, "stop")) + sse("[DONE]")
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        if model in ("echo-gzip", "echo-gzip-sse"):
+            if model == "echo-gzip":
+                body, kind = json.dumps({"error": {"message": f"bad key {secret}"}}).encode(), "application/json"
+            else:
+                body = sse(chat_chunk({"role": "assistant", "content": f"key {secret}"})) + sse("[DONE]")
+                kind = "text/event-stream"
+            return Response(gzip.compress(body), status_code=401 if model == "echo-gzip" else 200,
+                            media_type=kind, headers={"content-encoding": "gzip"})
+        return JSONResponse({"id": "c", "object": "chat.completion", "created": 1, "model": model,
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": "ok"}}]},
+                            headers={"x-echo-authorization": secret})
 
     async def hang(marker: str):
         try:

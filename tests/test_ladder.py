@@ -166,3 +166,21 @@ def test_a_resumed_instance_gets_its_conversation_back(tmp_path):
     assert "Verdict: incorrect" in model.seen[0][-1]["content"]
     learner.end(False)
     assert DemoCache(tmp_path).get("t") == [PAIRS[0]]
+
+
+def test_a_program_on_the_process_engine_sees_no_key_in_its_environment_or_the_orchestrators(monkeypatch):
+    """The process engine runs a model-written program with an empty environment and, when carc
+    runs as root, as nobody: neither os.environ nor /proc/<parent>/environ gives the key."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-process-engine-secret")
+    source = (
+        "import os\n"
+        "def transform(grid):\n"
+        "    seen = repr(dict(os.environ))\n"
+        "    for pid in (os.getppid(), 1):\n"
+        "        try:\n"
+        "            seen += open(f'/proc/{pid}/environ', 'rb').read().decode('latin-1')\n"
+        "        except OSError as exc:\n"
+        "            seen += str(exc)\n"
+        "    return [[9 if 'sk-process-engine-secret' in seen else 1]]\n")
+    [result] = run_program(source, [((0,),)])
+    assert result.error is None and result.output == ((1,),), result

@@ -212,6 +212,30 @@ def test_placeholder_key_is_replaced_by_real_key_upstream(reverse, upstream):
         assert REAL_KEY.encode() not in gzip.decompress(path.read_bytes())
 
 
+@pytest.mark.parametrize("model", ["echo-sse", "echo-gzip", "echo-gzip-sse", "echo-header"])
+def test_a_key_the_upstream_echoes_never_reaches_the_client_nor_the_journal(reverse, model):
+    """In a stream split mid-key, a gzip body, a gzip stream or a header: the client gets the
+    answer complete (framing intact) with the key masked, and no journal file holds the key."""
+    mark = marker()
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{reverse.base_url}/chat/completions", json=chat_body(mark, model=model),
+                           headers={"authorization": f"Bearer {PLACEHOLDER}",
+                                    "accept-encoding": "gzip"}) as reply:
+            wire = b"".join(reply.iter_raw())  # as sent, before any decoding by the client
+            headers = str(reply.headers.multi_items())
+    decoded = gzip.decompress(wire) if reply.headers.get("content-encoding") == "gzip" else wire
+    assert REAL_KEY.encode() not in wire and REAL_KEY.encode() not in decoded and REAL_KEY not in headers
+    shown = decoded + headers.encode()
+    assert REAL_KEY[:8].encode() not in shown  # no piece of it either
+    assert b"<carc:redacted" in shown, shown[:300]
+    entry = entry_for(reverse, mark)
+    assert REAL_KEY not in reverse.journal_path.read_text()
+    for path in (reverse.journal_dir / "raw").iterdir():
+        assert REAL_KEY.encode() not in gzip.decompress(path.read_bytes())
+    if model.endswith("sse"):
+        assert "<carc:redacted" in json.dumps(entry.response)
+
+
 def test_upstream_500_is_journaled_with_status_and_error(reverse):
     mark = marker()
     reply = httpx.post(f"{reverse.base_url}/chat/completions",
