@@ -33,7 +33,10 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.protocol import FailureKind
 
-EventType = Literal["instance_start", "step", "instance_end", "resumed", "learner_error"]
+# infrastructure_fault: the cell's proxy or a container stopped under an instance; nothing is charged
+# for it and the instance is run again (after the services restart, or on resume).
+EventType = Literal["instance_start", "step", "instance_end", "resumed", "learner_error",
+                    "infrastructure_fault"]
 Phase = Literal["stream", "epilogue", "fresh"]
 # Version of the records below; readers take a record without one as format 1 (before wiped_before,
 # failure_kind and the typed cell and sandbox records).

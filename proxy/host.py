@@ -275,6 +275,15 @@ class HostProxy:
                          f"{self.startup_timeout_s:.0f} s; last lines of {self.log_path}:\n"
                          f"{self._log_tail()}")
 
+    def fault(self) -> str | None:
+        """Why this proxy cannot carry calls now (its process is gone), or None."""
+        if self._process is None:
+            return f"the host proxy of {self.cell} is not running"
+        code = self._process.poll()
+        if code is not None:
+            return f"the host proxy (mitmdump) of {self.cell} exited with code {code}; see {self.log_path}"
+        return None
+
     def stop(self) -> None:
         process, self._process = self._process, None
         self.port = None

@@ -213,6 +213,25 @@ class DockerSandbox(SandboxEnvironment):
         except docker.errors.NotFound:
             pass
 
+    def fault(self) -> str | None:
+        """Why this sandbox cannot serve an instance now (its container or its proxy container
+        stopped or vanished, e.g. `docker kill`), or None. Asks the engine, so it is cheap
+        enough after a failure, not per call."""
+        for role, container in (("sandbox", self.container), ("proxy", self.proxy_container)):
+            if container is None:
+                continue
+            try:
+                container.reload()
+            except docker.errors.NotFound:
+                return f"the {role} container {container.name} is gone"
+            except docker.errors.APIError as exc:
+                return f"the Docker engine does not answer for the {role} container {container.name}: {exc}"
+            if container.status != "running":
+                state = container.attrs.get("State") or {}
+                return (f"the {role} container {container.name} is {container.status} "
+                        f"(exit code {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
+        return None
+
     def teardown(self) -> None:
         for container in (self.container, self.proxy_container):
             if container is not None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import shutil
 import tarfile
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 from urllib.parse import urlsplit
 
 from harness_adapters import registry
@@ -79,6 +79,16 @@ class CellServices:
     executor: ProgramExecutor
     proxy: SlotControl | None = None  # proxy.host.HostProxy, or the ControlFile of a proxy container
     harness: Learner | None = None  # the harness learner living in the cell's sandbox
+    # what can break under a learner without being its doing: the proxy, the containers
+    infrastructure: list[Callable[[], str | None]] = field(default_factory=list)
+
+    def fault(self) -> str | None:
+        """The first infrastructure fault found (a proxy or a container stopped), or None."""
+        for check in self.infrastructure:
+            found = check()
+            if found:
+                return found
+        return None
 
     def set_slot(self, slot: int | None, phase: str) -> None:
         """Tell the proxy which instance slot (and which side of its verdict) calls belong to."""
@@ -134,7 +144,10 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             record = record.model_copy(update={"program_checks": "docker", "image": spec.image,
                                                "container": sandbox.container.name})
         record.write(CellPaths(cell_dir).sandbox)  # how this cell was isolated, for the audit
-        yield CellServices(base_url, HostStateDir(CellPaths(cell_dir).state), executor, proxy)
+        checks = ([proxy.fault] if proxy else []) + \
+            ([executor.sandbox.fault] if isinstance(executor, SandboxExecutor) else [])
+        yield CellServices(base_url, HostStateDir(CellPaths(cell_dir).state), executor, proxy,
+                           infrastructure=checks)
 
 
 @contextmanager
@@ -161,6 +174,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
                       image=spec.image, container=sandbox.container.name, harness=adapter.name,
                       version=adapter.version).write(CellPaths(cell_dir).sandbox)
         yield CellServices(sandbox.reverse_base_url(), state, local_executor,
-                           ControlFile(journal_dir(cell_dir) / CONTROL_FILE), learner)
+                           ControlFile(journal_dir(cell_dir) / CONTROL_FILE), learner,
+                           infrastructure=[sandbox.fault])
     finally:
         sandbox.teardown()

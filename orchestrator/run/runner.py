@@ -38,6 +38,14 @@ log = structlog.get_logger("carc.runner")
 
 # A learner that keeps talking after the verdict (harnesses may) is stopped after this many turns.
 MAX_TURNS_AFTER_OVER = 4
+# How often a cell's services are restarted after an infrastructure fault before the cell stops.
+INFRASTRUCTURE_RESTARTS = 2
+
+
+class InfrastructureFault(RuntimeError):
+    """The cell's proxy or a container stopped under an instance. Never charged to the learner:
+    the instance is journaled as interrupted and run again."""
+
 MAX_TURNS = 200
 
 
@@ -104,7 +112,19 @@ class CellRunner:
         except BlockingIOError:
             raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
         try:
-            self._run()
+            for restart in range(INFRASTRUCTURE_RESTARTS + 1):
+                try:
+                    self._run()
+                    return
+                except InfrastructureFault as exc:
+                    if restart == INFRASTRUCTURE_RESTARTS:
+                        raise InfrastructureFault(
+                            f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of the cell's "
+                            f"services (resume with `carc grid run --resume` once the cause is fixed)") from exc
+                    # Fresh services, and the interrupted instance continued from its records,
+                    # exactly as a resumed run would.
+                    log.warning("infrastructure_fault_restart", cell=self.cell.cell, fault=str(exc),
+                                restart=restart + 1)
         finally:
             lock.close()
 
@@ -129,7 +149,17 @@ class CellRunner:
                         if slot.index in finished:
                             continue
                         partial = [e for e in events if e.slot == slot.index]
-                        self._run_slot(slot, learner, journal, partial)
+                        try:
+                            self._run_slot(slot, learner, journal, partial)
+                        except (InfrastructureFault, RecordsUnwritable):
+                            raise
+                        except Exception as exc:  # outside the learner's turn: a wipe, a snapshot
+                            fault = services.fault()
+                            if not fault:
+                                raise
+                            journal.append(self._event("infrastructure_fault", slot,
+                                                       error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
+                            raise InfrastructureFault(f"slot {slot.index}: {fault}") from exc
                         services.set_slot(None, "between")
                         self.progress(position + 1, len(schedule))
             finally:
@@ -239,6 +269,11 @@ class CellRunner:
             learner_error = f"learner error: {type(exc).__name__}: {exc}", "learner-error"
             log.exception("learner_error", cell=self.cell.cell, slot=slot.index)
         if learner_error:
+            fault = self.services.fault()
+            if fault:  # the failure was the infrastructure's: nothing is charged, the instance reruns
+                journal.append(self._event("infrastructure_fault", slot, step=step_no,
+                                           error=f"{fault} (the learner saw: {learner_error[0]})"[:2000]))
+                raise InfrastructureFault(f"slot {slot.index}: {fault}")
             error, kind = learner_error
             journal.append(self._event("learner_error", slot, error=error[:2000], failure_kind=kind))
             if time.monotonic() > deadline:  # the turn was cut at the wall clock: that is why

@@ -1,0 +1,127 @@
+"""An infrastructure fault is never a score: when the cell's proxy or its program sandbox dies
+under an instance, the instance is journaled as interrupted, the cell's services restart, and the
+instance runs again — the records equal those of a run without the fault.
+
+Real components: the host mitmdump proxy, the Docker program sandbox, the CellRunner; the model is
+the embedded solver behind a loopback endpoint that, at one chosen call, kills the component
+first (SIGKILL of mitmdump from its ready file; `docker kill` of the program container).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.records import read_events
+from orchestrator.run.grid_run import execute
+from solver_model.server import answer_conversation
+
+pytestmark = pytest.mark.slow
+
+GRID = """\
+name: faults
+seed: 1
+track: {{name: own, tasks: 3, visits: 2, epilogue: 0, fresh_reference: false}}
+orders: [sequential]
+efforts: [low]
+learners: [{learner}]
+workers: 1
+sandbox: {{engine: {engine}}}
+model: {{endpoint: '{url}', name: carc-solver}}
+"""
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """The embedded solver as an OpenAI chat endpoint; call number `kill_at` runs `kill` first."""
+
+    calls = 0
+    kill_at: int | None = None
+    kill = staticmethod(lambda: None)
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).calls += 1
+        if self.calls == self.kill_at:
+            self.kill()
+        text = answer_conversation(body["messages"], "low").text
+        payload = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass  # the proxy that asked is gone
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    _Endpoint.calls, _Endpoint.kill_at = 0, None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+
+
+def run(tmp_path: Path, name: str, url: str, learner: str, engine: str) -> Path:
+    run_dir = tmp_path / "runs" / name
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(GRID.format(learner=learner, engine=engine, url=url))
+    execute(run_dir, show_progress=False)
+    return run_dir
+
+
+def events(run_dir: Path) -> list:
+    [cell] = (run_dir / "cells").iterdir()
+    return read_events(cell / "events.jsonl")
+
+
+def verdicts(run_dir: Path) -> list[tuple]:
+    return [(e.slot, e.status, e.cost, e.failure_kind) for e in events(run_dir) if e.type == "instance_end"]
+
+
+def kill_host_proxy(run_dir: Path):
+    def kill() -> None:
+        [ready] = (run_dir / "cells").glob("*/journal/proxy.ready")
+        os.kill(json.loads(ready.read_text())["pid"], signal.SIGKILL)
+    return kill
+
+
+def kill_program_sandbox(run_dir: Path):
+    def kill() -> None:
+        from sandboxes.images import docker_client
+        [record] = (run_dir / "cells").glob("*/sandbox.json")
+        docker_client().containers.get(json.loads(record.read_text())["container"]).kill()
+    return kill
+
+
+@pytest.mark.parametrize("learner, engine, killer", [
+    ("stateless-floor", "process", kill_host_proxy),
+    pytest.param("program-library", "docker", kill_program_sandbox, marks=pytest.mark.docker),
+])
+def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_uninterrupted_one(
+        tmp_path, endpoint, learner, engine, killer):
+    clean = verdicts(run(tmp_path, "clean", endpoint, learner, engine))
+    calls = _Endpoint.calls
+    _Endpoint.calls, _Endpoint.kill_at = 0, calls // 2  # mid-run, inside some instance
+    _Endpoint.kill = staticmethod(killer(tmp_path / "runs" / "faulted"))
+    run_dir = run(tmp_path, "faulted", endpoint, learner, engine)
+    faulted = events(run_dir)
+    assert Counter(e.type for e in faulted)["infrastructure_fault"] == 1
+    assert not [e for e in faulted if e.type == "learner_error"]
+    assert verdicts(run_dir) == clean  # nothing charged for the fault, nothing lost or doubled
+    assert "model-unavailable" not in {v[3] for v in clean}
