@@ -15,10 +15,12 @@ process but not the container. The real API key is only in the proxy container's
 from __future__ import annotations
 
 import hashlib
+import io
 import ipaddress
 import os
 import re
 import socket
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import docker
 import docker.errors
 import structlog
 from docker.types import Mount
-from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
+from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
 from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
@@ -47,6 +49,7 @@ CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16
 LABEL_RUN = "org.carc.run"
 LABEL_CELL = "org.carc.cell"
 LABEL_ROLE = "org.carc.role"
+SNAPSHOT_TRUNCATED = ".carc-snapshot-truncated"  # in a snapshot: the files the size cap left out
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Limits:
     memory: str = "2g"
     pids: int = 512
     tmp_size: str = "512m"
+    snapshot_bytes: int = 1 << 30  # file content one state snapshot keeps; beyond it files are left out
+    snapshot_s: float = 600.0      # time one snapshot may take
 
 
 @dataclass
@@ -286,13 +291,18 @@ class DockerSandbox(SandboxEnvironment):
         started = time.monotonic()
         writer = threading.Thread(target=feed, daemon=True)
         writer.start()
+        # Frames collected in lists and joined once (docker-py's consume_socket_output
+        # concatenates per frame: quadratic in the output).
+        out: list[bytes] = []
+        err: list[bytes] = []
         try:
-            stdout, stderr = consume_socket_output(
-                (demux_adaptor(*frame) for frame in frames_iter(raw, tty=False)), demux=True)
+            for stream_id, frame in frames_iter(raw, tty=False):
+                (err if stream_id == STDERR else out).append(frame)
         except (socket.timeout, TimeoutError):
-            stdout, stderr = b"", b"(no answer from the docker exec stream)"
+            err.append(b"(no answer from the docker exec stream)")
         finally:
             sock.close()
+        stdout, stderr = b"".join(out), b"".join(err)
         writer.join(5)
         code = api.exec_inspect(exec_id).get("ExitCode")
         code = -1 if code is None else code
@@ -330,7 +340,10 @@ class DockerSandbox(SandboxEnvironment):
     def wipe(self) -> None:
         # kill -9 -1 as uid 1000 reaches every harness process, not the keeper (uid 1001), and not
         # this shell; so no `timeout` wrapper, which the kill would take down with the rest.
-        script = (f"kill -9 -1 2>/dev/null; find {self.state_path} -mindepth 1 -delete; "
+        # Everything in the volume is uid 1000's own (the harness has no other uid), so the modes
+        # it set (a chmod 555 folder, a chmod 000 file) are undone first, then everything goes.
+        script = (f"kill -9 -1 2>/dev/null; chmod -R u+rwX {self.state_path} 2>/dev/null; "
+                  f"find {self.state_path} -mindepth 1 -delete; "
                   "find /tmp -mindepth 1 -maxdepth 1 ! -name carc -exec rm -rf {} +; "
                   f"[ -z \"$(ls -A {self.state_path})\" ]")
         result = self.exec(["sh", "-c", script])
@@ -339,18 +352,69 @@ class DockerSandbox(SandboxEnvironment):
                                f"{result.stderr.decode(errors='replace')[-500:]}")
 
     def snapshot(self, dest: Path) -> None:
-        # A harness's own processes (a gateway, a daemon) may be writing a database right now:
-        # they are frozen (SIGSTOP, every uid-1000 process but this shell) while tar reads, so the
-        # archive is one point in time, as after a crash (SQLite's WAL recovers from that).
-        # GNU tar's exit 1 ("file changed as we read it") leaves a complete archive: accepted.
-        script = (f"kill -STOP -1 2>/dev/null; tar -C {self.state_path} --warning=no-file-changed "
-                  "-czf - .; rc=$?; kill -CONT -1 2>/dev/null; [ $rc -le 1 ]")
-        result = self.exec(["sh", "-c", script], timeout=600)
-        if not result.ok:
-            raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed: "
-                               f"{result.stderr.decode(errors='replace')[-500:]}")
+        """The state volume as `dest` (tar.gz of `./...`), read through the engine's archive API:
+        as the engine, so no mode the harness set (chmod 000) and no process filling the pids
+        limit stops it; streamed to disk, so memory stays flat; and bounded - file content past
+        `limits.snapshot_bytes` is left out (listed in `.carc-snapshot-truncated` inside the
+        archive), and a snapshot taking longer than `limits.snapshot_s` fails with the reason.
+
+        A harness's own processes (a gateway, a daemon) may be writing a database right now:
+        they are frozen (SIGSTOP, every uid-1000 process) while the engine reads, so the archive
+        is one point in time, as after a crash (SQLite's WAL recovers from that)."""
+        if self.container is None:
+            raise SandboxError(f"{self.name}: snapshot before start() or after teardown()")
+        frozen = self._signal_harness("STOP")
+        try:
+            self._archive_state(dest)
+        finally:
+            if frozen:
+                self._signal_harness("CONT")
+
+    def _signal_harness(self, signal_name: str) -> bool:
+        try:
+            # No `timeout` wrapper: it runs as uid 1000 too, and `kill -STOP -1` would stop it.
+            result = self.exec(["sh", "-c", f"kill -{signal_name} -1 2>/dev/null; true"])
+        except SandboxError as exc:  # e.g. no process can start (pids limit): read unfrozen
+            log.warning("snapshot_signal_failed", sandbox=self.name, signal=signal_name, error=str(exc))
+            return False
+        return result.ok
+
+    def _archive_state(self, dest: Path) -> None:
+        limits = self.spec.limits
+        started = time.monotonic()
+        try:
+            stream, _ = self.container.get_archive(self.state_path + "/.", chunk_size=1 << 20)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed: {exc}") from None
+        kept, left_out = 0, []
         tmp = dest.with_suffix(".tmp")
-        tmp.write_bytes(result.stdout)
+        source = _ChunkReader(stream, deadline=started + limits.snapshot_s)
+        try:
+            with tarfile.open(fileobj=source, mode="r|") as archive, tarfile.open(tmp, "w:gz") as out:
+                for member in archive:
+                    member.name = _relative_member(member.name)
+                    if member.name is None:
+                        continue
+                    if member.isfile():
+                        if kept + member.size > limits.snapshot_bytes:
+                            left_out.append(f"{member.name}\t{member.size}")
+                            continue
+                        kept += member.size
+                        out.addfile(member, archive.extractfile(member))
+                    else:
+                        out.addfile(member)
+                if left_out:
+                    note = (f"carc left out {len(left_out)} file(s) past the snapshot cap of "
+                            f"{limits.snapshot_bytes} bytes (grid limits.snapshot_mb):\n" + "\n".join(left_out) + "\n").encode()
+                    info = tarfile.TarInfo("./" + SNAPSHOT_TRUNCATED)
+                    info.size, info.mtime = len(note), int(time.time())
+                    out.addfile(info, io.BytesIO(note))
+                    log.warning("snapshot_truncated", sandbox=self.name, files=len(left_out),
+                                cap=limits.snapshot_bytes)
+        except (tarfile.TarError, OSError, TimeoutError, docker.errors.APIError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed after "
+                               f"{time.monotonic() - started:.0f} s: {exc}") from None
         tmp.replace(dest)
 
     def restore(self, source: Path | None) -> None:
@@ -516,3 +580,34 @@ def prune(client: docker.DockerClient | None = None, run: str | None = None) -> 
         except docker.errors.APIError as exc:
             log.warning("prune_volume", name=volume.name, error=str(exc))
     return pruned
+
+
+class _ChunkReader(io.RawIOBase):
+    """The engine's archive stream (an iterator of chunks) as a file, with a deadline."""
+
+    def __init__(self, chunks, deadline: float):
+        self.chunks, self.deadline, self.buffer = iter(chunks), deadline, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:
+        while not self.buffer:
+            if time.monotonic() > self.deadline:
+                raise TimeoutError("the snapshot took longer than limits.snapshot_s")
+            try:
+                self.buffer = next(self.chunks)
+            except StopIteration:
+                return 0
+        n = min(len(target), len(self.buffer))
+        target[:n], self.buffer = self.buffer[:n], self.buffer[n:]
+        return n
+
+
+def _relative_member(name: str) -> str | None:
+    """An archive member of `<state>/.` (which the engine names `./<path>`) as `./<path>`, the
+    snapshot layout; None for the folder itself and for any name that climbs (`..`)."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return "./" + "/".join(parts)

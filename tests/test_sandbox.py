@@ -185,3 +185,67 @@ def test_a_snapshot_while_a_process_keeps_writing_succeeds_and_the_process_goes_
         assert _counter(sandbox) > before  # not left stopped
     finally:
         sandbox.exec(["sh", "-c", "pkill -f busy 2>/dev/null; kill -9 -1 2>/dev/null; rm -rf /state/busy"])
+
+
+# --- hostile state: whatever a harness writes into its volume --------------------------------
+
+HOSTILE_STATE = r"""
+cd /state
+mkdir -p u ro deep
+printf secret > u/locked && chmod 000 u/locked          # snapshot once failed: Permission denied
+printf f > ro/f && chmod 555 ro                          # wipe once failed: cannot delete ro/f
+ln -s / rootlink && ln -s /etc/passwd pw && ln -s ../../etc escape
+mkfifo fifo
+printf x > "$(printf 'bad-\377\376.txt')"                # a name that is not UTF-8
+truncate -s 1G sparse                                    # 1 GiB that takes no disk
+head -c 2000000 /dev/urandom > random
+"""
+
+
+@pytest.fixture
+def hostile(base_image, client, run_id):
+    box = DockerSandbox(SandboxSpec(base_image, run_id, "cell-hostile",
+                                    limits=Limits(cpus=0.5, memory="256m", pids=64,
+                                                  snapshot_bytes=64 << 20)), client).start()
+    result = box.exec(["sh", "-c", HOSTILE_STATE])
+    assert result.ok, result.stderr
+    yield box
+    box.teardown()
+
+
+def test_hostile_state_is_snapshotted_capped_wiped_and_restored_without_following_anything(hostile, tmp_path):
+    dest = tmp_path / "cells" / "snapshots" / "00000.tar.gz"
+    dest.parent.mkdir(parents=True)
+    hostile.snapshot(dest)
+    with tarfile.open(dest) as archive:
+        members = {m.name: m for m in archive.getmembers()}
+        note = archive.extractfile("./.carc-snapshot-truncated").read().decode()
+        assert archive.extractfile("./u/locked").read() == b"secret"  # read whatever its mode
+    assert members["./u/locked"].mode & 0o777 == 0
+    assert members["./rootlink"].issym() and members["./rootlink"].linkname == "/"
+    assert members["./pw"].issym() and members["./escape"].issym()  # kept as links, never followed
+    assert members["./fifo"].isfifo()
+    assert "./bad-\udcff\udcfe.txt" in members  # tarfile's surrogateescape of the raw bytes
+    assert "./sparse" not in members and "./sparse\t1073741824" in note  # past the 64 MiB cap
+    assert members["./random"].size == 2_000_000
+    assert dest.stat().st_size < 8 << 20
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["00000.tar.gz", "cells", "snapshots"]
+    hostile.wipe()  # chmod 555 ro/ does not stop it
+    assert hostile.exec(["ls", "-A", "/state"]).text() == ""
+    hostile.restore(dest)
+    listing = hostile.exec(["sh", "-c", "cd /state && stat -c '%n %a %F' u/locked ro rootlink fifo"]).text()
+    assert "u/locked 0 regular" in listing and "ro 555 directory" in listing
+    assert "rootlink 777 symbolic link" in listing and "fifo 644 fifo" in listing
+
+
+def test_a_snapshot_works_while_detached_children_fill_the_pids_limit(hostile, tmp_path):
+    hostile.exec(["sh", "-c", "i=0; while [ $i -lt 80 ]; do (sleep 600 &) 2>/dev/null; i=$((i+1)); done; true"])
+    dest = tmp_path / "full.tar.gz"
+    hostile.snapshot(dest)  # through the engine: no process has to start in the container
+    with tarfile.open(dest) as archive:
+        assert "./u/locked" in archive.getnames()
+
+
+def test_exec_output_is_collected_in_linear_time(sandbox):
+    result = sandbox.exec(["sh", "-c", "head -c 67108864 /dev/zero"], timeout=120)
+    assert result.ok and len(result.stdout) == 64 << 20

@@ -96,6 +96,13 @@ class CellServices:
             self.proxy.set_slot(slot, phase)
 
 
+def sandbox_limits(grid: GridConfig):
+    """A cell's container limits, from the grid's `sandbox` and `limits` sections."""
+    from sandboxes.docker_sandbox import Limits
+    return Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids,
+                  snapshot_bytes=grid.limits.snapshot_mb << 20, snapshot_s=grid.limits.snapshot_s)
+
+
 def journal_dir(cell_dir: Path) -> Path:
     return CellPaths(cell_dir).journal
 
@@ -131,13 +138,12 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
         record = SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url,
                                upstream=upstream, program_checks="host-process")
         if cell.learner == "program-library" and grid.sandbox.engine == "docker":
-            from sandboxes.docker_sandbox import DockerSandbox, Limits, SandboxSpec
+            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
             from sandboxes.images import ensure_image
 
             spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=CellPaths(cell_dir).run.name,
                                cell=cell.cell, proxy=None, volume=False,
-                               limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory,
-                                             pids=grid.sandbox.pids))
+                               limits=sandbox_limits(grid))
             sandbox = DockerSandbox(spec).start()
             stack.callback(sandbox.teardown)
             executor = SandboxExecutor(sandbox)
@@ -154,7 +160,7 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
 def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
     """A harness cell: its image, its sandbox and proxy container, its state volume."""
     from harness_adapters.harness import HarnessCell
-    from sandboxes.docker_sandbox import DockerSandbox, Limits, ProxySpec, SandboxSpec
+    from sandboxes.docker_sandbox import DockerSandbox, ProxySpec, SandboxSpec
     from sandboxes.images import ensure_image
 
     adapter = registry.adapter(cell.learner)
@@ -162,7 +168,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
         ensure_image(adapter.recipe, grid.sandbox.base), run=CellPaths(cell_dir).run.name, cell=cell.cell,
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
                         key_env=grid.model.api_key_env),
-        limits=Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids))
+        limits=sandbox_limits(grid))
     sandbox = DockerSandbox(spec).start()
     try:
         harness_cell = HarnessCell(sandbox, PromptSet.load(grid.prompts), grid.model.name,

@@ -112,6 +112,9 @@ class LearnerEntry(_Strict):
 class LimitsConfig(_Strict):
     max_malformed: int = Field(20, ge=1)
     wall_clock_s: float = Field(900.0, gt=0)
+    snapshot_mb: int = Field(1024, ge=1, description="file content one state snapshot keeps (MiB); "
+                             "files past it are left out and listed in the snapshot")
+    snapshot_s: float = Field(600.0, gt=0, description="time one state snapshot may take")
 
     def limits(self) -> Limits:
         return Limits(max_malformed=self.max_malformed, wall_clock_s=self.wall_clock_s)
