@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -18,6 +19,13 @@ from orchestrator.records import CellPaths
 from stores_inspector.reading import Problems
 
 TEXT_LIMIT = 2_000_000  # bytes; larger files are hashed, not kept
+CHUNK = 1 << 20
+
+
+def display_name(name: str) -> str:
+    """A member name as text any writer can take: bytes that were not UTF-8 (tarfile hands them
+    over as lone surrogates) shown as backslash escapes, e.g. `bad-\\xff.txt`."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -45,17 +53,23 @@ class Volume:
         try:
             with tarfile.open(path, "r:*") as tar:
                 for member in tar:
-                    name = member.name.removeprefix("./").rstrip("/")
+                    name = display_name(member.name).removeprefix("./").rstrip("/")
                     if not name or member.isdir():
                         continue
                     if member.issym() or member.islnk():
-                        volume.files[name] = FileInfo(name, 0, f"link:{member.linkname}", member.mtime)
+                        volume.files[name] = FileInfo(name, 0, f"link:{display_name(member.linkname)}",
+                                                      member.mtime)
                         continue
                     if not member.isfile():
                         continue
-                    data = tar.extractfile(member).read()
-                    volume.files[name] = FileInfo(name, member.size, hashlib.sha1(data).hexdigest(),
-                                                  member.mtime)
+                    # Hashed in chunks: memory stays flat whatever size a harness wrote.
+                    digest, head, source = hashlib.sha1(), bytearray(), tar.extractfile(member)
+                    while chunk := source.read(CHUNK):
+                        digest.update(chunk)
+                        if len(head) <= TEXT_LIMIT:
+                            head += chunk
+                    volume.files[name] = FileInfo(name, member.size, digest.hexdigest(), member.mtime)
+                    data = bytes(head)
                     if member.size <= TEXT_LIMIT and not data.startswith(SQLITE_MAGIC) and b"\x00" not in data[:8192]:
                         volume.texts[name] = data.decode("utf-8", errors="replace")
         except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
@@ -74,13 +88,19 @@ class Volume:
         if self.source is None:
             return
         try:
+            root = dest.resolve()
             with tarfile.open(self.source, "r:*") as tar:
                 for member in tar:
-                    name = member.name.removeprefix("./")
-                    if name in wanted and member.isfile():
-                        target = dest / name
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_bytes(tar.extractfile(member).read())
+                    name = display_name(member.name).removeprefix("./")
+                    if name not in wanted or not member.isfile():
+                        continue
+                    target = (dest / name).resolve()
+                    if ".." in Path(name).parts or Path(name).is_absolute() or not target.is_relative_to(root):
+                        problems.add(self.source, f"member {name!r} climbs out of its folder; not unpacked")
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "wb") as out:
+                        shutil.copyfileobj(tar.extractfile(member), out, CHUNK)
         except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
             problems.add(self.source, f"could not unpack {', '.join(paths)} ({type(exc).__name__}: {exc})")
 

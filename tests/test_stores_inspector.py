@@ -376,6 +376,40 @@ def test_the_generic_fallback_lists_files_created_changed_and_deleted_after_each
         ("notes/a.md", "changed"), ("run.log", "changed"), ("notes/old.md", "deleted")}
 
 
+def test_a_name_that_is_not_utf8_and_a_climbing_member_do_not_stop_carc_inspect(tmp_path):
+    """A harness may write any byte string as a file name; a crafted archive may name `../x`.
+    `carc inspect` writes its account with the name escaped and unpacks nothing outside."""
+    import io
+    import tarfile
+
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    folder = tmp_path / "cells" / "my-agent.low.sequential.s0"
+    (folder / "snapshots").mkdir(parents=True)
+    (folder / "cell.json").write_text(json.dumps({"cell": folder.name, "learner": "my-agent", "row": "memory-on"}))
+    event = {"cell": folder.name, "slot": 0, "phase": "stream", "task": TASK_A, "visit": 0, "exposure": 0}
+    (folder / "events.jsonl").write_text(json.dumps({"type": "instance_start", "t": T0, **event}) + "\n" +
+                                         json.dumps({"type": "instance_end", "t": T0 + 5, "status": "solved",
+                                                     "cost": 1, **event}) + "\n")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in (b"./bad-\xff\xfe.txt".decode("utf-8", "surrogateescape"), "./../escaped.db", "./notes.md"):
+            data = f"{TASK_A}: flip".encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), T0 + 1
+            tar.addfile(info, io.BytesIO(data))
+    (folder / "snapshots" / "00000.tar.gz").write_bytes(buffer.getvalue())
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    timeline = (tmp_path / "inspect" / "timeline.csv").read_text(encoding="utf-8")
+    assert "bad-\\xff\\xfe.txt" in timeline
+    volume = Volume.read(0, folder / "snapshots" / "00000.tar.gz", Problems("c"))
+    problems = Problems("c")
+    volume.extract(["../escaped.db"], tmp_path / "unpacked", problems)
+    assert not (tmp_path / "escaped.db").exists() and "climbs out" in str(list(problems))
+
+
 # --- hermes-agent and openclaw: the real harnesses on the scripted model (Docker) -----------------
 
 GRID = """\
