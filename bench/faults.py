@@ -1,0 +1,242 @@
+"""Fault injection: what carc's records look like after each kind of fault, against a clean run.
+
+    python bench/faults.py [--kills 20] [--scenario sigkill --scenario proxy ...]
+
+Every scenario runs a short grid on the embedded solver (served on loopback by this script, so a
+fault can be injected at a chosen model call) once clean and once with the fault, then prints per
+scenario: faults injected, recovered (the run finished with every instance recorded), records lost
+(instances of the clean run missing), double charges (a slot ended twice), verdicts that differ
+from the clean run, and carc containers, volumes and networks left for the run id.
+
+Scenarios:
+  sigkill    the `carc grid run` process tree SIGKILLed at random points (--kills), resumed each time
+  proxy      the cell's host mitmdump SIGKILLed mid-call (ladder cell)
+  container  the program library's program container `docker kill`ed mid-call
+  disk       the run folder on a tmpfs that fills mid-run; space is given back and the run resumed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from orchestrator.records import read_events  # noqa: E402
+from orchestrator.run.grid_run import execute  # noqa: E402
+from solver_model.server import answer_conversation  # noqa: E402
+
+console = Console(width=150)
+
+GRID = """\
+name: faults
+seed: 2
+track: {{name: own, tasks: 4, visits: 3, epilogue: 0, fresh_reference: false}}
+orders: [sequential]
+efforts: [low]
+learners: [stateless-floor, program-library]
+workers: 2
+sandbox: {{engine: docker}}
+model: {{endpoint: '{url}', name: carc-solver}}
+"""
+
+
+class Endpoint(BaseHTTPRequestHandler):
+    """The embedded solver as an OpenAI chat endpoint; call number `fault_at` runs `fault` first."""
+
+    calls = 0
+    fault_at: int | None = None
+    fault = staticmethod(lambda: None)
+    lock = threading.Lock()
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            type(self).calls += 1
+            now = self.calls
+        if now == self.fault_at:
+            self.fault()
+        text = answer_conversation(body["messages"], "low").text
+        payload = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def serve() -> str:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/v1"
+
+
+def new_run(root: Path, name: str, url: str) -> Path:
+    run_dir = root / name
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(GRID.format(url=url))
+    return run_dir
+
+
+def verdicts(run_dir: Path) -> dict[str, list[tuple]]:
+    out = {}
+    for cell in sorted((run_dir / "cells").iterdir()):
+        events = read_events(cell / "events.jsonl") if (cell / "events.jsonl").exists() else []
+        out[cell.name] = [(e.slot, e.status, e.cost) for e in events if e.type == "instance_end"]
+    return out
+
+
+def leaks(run_id: str) -> int:
+    from sandboxes.docker_sandbox import LABEL_RUN
+    from sandboxes.images import docker_client
+    client, label = docker_client(), {"label": f"{LABEL_RUN}={run_id}"}
+    return (len(client.containers.list(all=True, filters=label)) + len(client.volumes.list(filters=label))
+            + len(client.networks.list(filters=label)))
+
+
+def compare(clean: dict, run_dir: Path, injected: int, finished: bool) -> dict:
+    got = verdicts(run_dir)
+    lost = sum(len(set(v) - set(got.get(c, []))) for c, v in clean.items())
+    double = sum(n - 1 for c in got.values() for n in Counter(slot for slot, *_ in c).values() if n > 1)
+    differ = sum(1 for c, v in clean.items() for a, b in zip(v, got.get(c, [])) if a != b)
+    faults = sum(1 for cell in (run_dir / "cells").iterdir() if (cell / "events.jsonl").exists()
+                 for e in read_events(cell / "events.jsonl") if e.type == "infrastructure_fault")
+    return {"injected": injected, "recovered": "yes" if finished and not lost else "no", "lost": lost,
+            "double": double, "differ": differ, "journaled faults": faults, "leaks": leaks(run_dir.name)}
+
+
+def cli(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run_dir),
+                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def steps(run_dir: Path) -> int:
+    return sum((d / "events.jsonl").read_text().count("\n")
+               for d in (run_dir / "cells").iterdir() if (d / "events.jsonl").exists())
+
+
+def sigkill(root: Path, url: str, clean: dict, kills: int) -> dict:
+    run_dir = new_run(root, "sigkill", url)
+    rng, done = random.Random(0), 0
+    while done < kills:
+        proc, start = cli(run_dir), steps(run_dir)
+        target, deadline = start + rng.randint(1, 12), time.time() + 300
+        while proc.poll() is None and steps(run_dir) < target and time.time() < deadline:
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        done += 1
+    finished = cli(run_dir).wait(timeout=1800) == 0
+    return compare(clean, run_dir, done, finished)
+
+
+def injected_at_call(root: Path, name: str, url: str, clean: dict, calls: int, fault) -> dict:
+    run_dir = new_run(root, name, url)
+    Endpoint.calls, Endpoint.fault_at = 0, calls // 2
+    Endpoint.fault = staticmethod(lambda: fault(run_dir))
+    try:
+        execute(run_dir, show_progress=False)
+        finished = True
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        console.print(f"[red]{name}: {exc}")
+        finished = False
+    Endpoint.fault_at = None
+    return compare(clean, run_dir, 1, finished)
+
+
+def kill_proxy(run_dir: Path) -> None:
+    ready = sorted((run_dir / "cells").glob("stateless-floor*/journal/proxy.ready"))[0]
+    os.kill(json.loads(ready.read_text())["pid"], signal.SIGKILL)
+
+
+def kill_container(run_dir: Path) -> None:
+    from sandboxes.images import docker_client
+    record = sorted((run_dir / "cells").glob("program-library*/sandbox.json"))[0]
+    docker_client().containers.get(json.loads(record.read_text())["container"]).kill()
+
+
+def disk(root: Path, url: str, clean: dict) -> dict:
+    """The run folder on a tmpfs too small for the run; then the space comes back and it resumes."""
+    mount = root / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], check=True)
+    try:
+        run_dir = new_run(mount, "disk", url)
+        first = cli(run_dir).wait(timeout=1800)
+        message = "stopped (exit %d)" % first if first else "finished (the tmpfs did not fill)"
+        subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
+        finished = cli(run_dir).wait(timeout=1800) == 0
+        result = compare(clean, run_dir, 1 if first else 0, finished)
+        result["note"] = message
+        return result
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--scenario", action="append",
+                        choices=["sigkill", "proxy", "container", "disk"])
+    args = parser.parse_args()
+    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk"]
+    url = serve()
+    with tempfile.TemporaryDirectory(prefix="carc-faults-") as tmp:
+        root = Path(tmp)
+        started = time.monotonic()
+        reference = new_run(root, "clean", url)
+        Endpoint.calls = 0
+        execute(reference, show_progress=False)
+        clean, calls = verdicts(reference), Endpoint.calls
+        console.print(f"clean run: {sum(map(len, clean.values()))} instances, {calls} model calls, "
+                      f"{time.monotonic() - started:.0f} s")
+        rows = {}
+        for name in scenarios:
+            t0 = time.monotonic()
+            if name == "sigkill":
+                rows[name] = sigkill(root, url, clean, args.kills)
+            elif name == "proxy":
+                rows[name] = injected_at_call(root, "proxy", url, clean, calls, kill_proxy)
+            elif name == "container":
+                rows[name] = injected_at_call(root, "container", url, clean, calls, kill_container)
+            else:
+                rows[name] = disk(root, url, clean)
+            rows[name]["s"] = f"{time.monotonic() - t0:.0f}"
+        table = Table(title="fault injection (against a clean run of the same grid)")
+        columns = ["injected", "recovered", "lost", "double", "differ", "journaled faults", "leaks", "s", "note"]
+        table.add_column("scenario")
+        for column in columns:
+            table.add_column(column, justify="right" if column != "note" else "left")
+        for name, row in rows.items():
+            table.add_row(name, *(str(row.get(c, "")) for c in columns))
+        console.print(table)
+
+
+if __name__ == "__main__":
+    main()
