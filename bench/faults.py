@@ -171,8 +171,13 @@ def injected_at_call(root: Path, name: str, url: str, clean: dict, calls: int, f
 
 
 def kill_proxy(run_dir: Path) -> None:
-    ready = sorted((run_dir / "cells").glob("stateless-floor*/journal/proxy.ready"))[0]
-    os.kill(json.loads(ready.read_text())["pid"], signal.SIGKILL)
+    """SIGKILL the host mitmdump of a cell that is running now (its ready file names the pid)."""
+    for ready in sorted((run_dir / "cells").glob("*/journal/proxy.ready")):
+        try:
+            os.kill(json.loads(ready.read_text())["pid"], signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            continue  # that cell has finished
 
 
 def kill_container(run_dir: Path) -> None:
