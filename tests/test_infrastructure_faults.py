@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analysis.report import write_report
 from orchestrator.records import read_events
 from orchestrator.run.grid_run import execute
 from solver_model.server import answer_conversation
@@ -124,4 +125,6 @@ def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_u
     assert Counter(e.type for e in faulted)["infrastructure_fault"] == 1
     assert not [e for e in faulted if e.type == "learner_error"]
     assert verdicts(run_dir) == clean  # nothing charged for the fault, nothing lost or doubled
+    report = write_report(run_dir).read_text()
+    assert "## Infrastructure faults (not charged)" in report
     assert "model-unavailable" not in {v[3] for v in clean}

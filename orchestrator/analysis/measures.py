@@ -137,6 +137,14 @@ def unfinished_instances(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.Se
     return pd.Series(counts, name="unfinished", dtype="int64")
 
 
+def infrastructure_faults(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.DataFrame:
+    """Every infrastructure fault journaled (a proxy or container that died under an instance):
+    cell, slot, task and what broke. None of them was charged; each instance ran again."""
+    rows = [{"cell": cell_id, "slot": e.slot, "task": e.task, "fault": e.error or ""}
+            for cell_id, events in events_by_cell.items() for e in events if e.type == "infrastructure_fault"]
+    return pd.DataFrame(rows, columns=["cell", "slot", "task", "fault"])
+
+
 # --- the bootstrap over tasks -------------------------------------------------------------------
 
 def task_resample_counts(tasks: int, rng: np.random.Generator, n: int = RESAMPLES) -> np.ndarray:

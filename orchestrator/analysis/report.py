@@ -27,6 +27,7 @@ from orchestrator.records import Event, RunPaths, read_events
 LADDER_ORDER = ("stateless-floor", "demo-cache-floor", "program-library", "program-library-wiped")
 EFFORT_ORDER = ("minimal", "low", "medium", "high", "xhigh", "max")
 DASH = "–"
+INFRASTRUCTURE = "Infrastructure faults (not charged)"
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[Event]]]:
@@ -459,6 +460,11 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
     calls = journal_section(run_dir)
     if calls is not None:
         sections[JOURNAL_TITLE] = calls
+    faults = measures.infrastructure_faults(events)
+    if not faults.empty:
+        sections[INFRASTRUCTURE] = (
+            "A proxy or container of the cell died under these instances. Nothing was charged for "
+            "them: each was run again from its records after the cell's services restarted.", faults)
     unfinished = measures.unfinished_instances(events)
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = RunPaths(run_dir).report_md
