@@ -25,10 +25,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,7 +36,7 @@ from rich.table import Table  # noqa: E402
 
 from orchestrator.records import read_events  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
-from solver_model.server import answer_conversation  # noqa: E402
+from tests.solver_endpoint import SolverEndpoint, serve  # noqa: E402
 
 console = Console(width=150)
 
@@ -53,45 +51,6 @@ workers: 2
 sandbox: {{engine: docker}}
 model: {{endpoint: '{url}', name: carc-solver}}
 """
-
-
-class Endpoint(BaseHTTPRequestHandler):
-    """The embedded solver as an OpenAI chat endpoint; call number `fault_at` runs `fault` first."""
-
-    calls = 0
-    fault_at: int | None = None
-    fault = staticmethod(lambda: None)
-    lock = threading.Lock()
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.lock:
-            type(self).calls += 1
-            now = self.calls
-        if now == self.fault_at:
-            self.fault()
-        text = answer_conversation(body["messages"], "low").text
-        payload = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                              "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": text}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except OSError:
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-def serve() -> str:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/v1"
 
 
 def new_run(root: Path, name: str, url: str) -> Path:
@@ -158,15 +117,14 @@ def sigkill(root: Path, url: str, clean: dict, kills: int) -> dict:
 
 def injected_at_call(root: Path, name: str, url: str, clean: dict, calls: int, fault) -> dict:
     run_dir = new_run(root, name, url)
-    Endpoint.calls, Endpoint.fault_at = 0, calls // 2
-    Endpoint.fault = staticmethod(lambda: fault(run_dir))
+    SolverEndpoint.arm(calls // 2, lambda: fault(run_dir))
     try:
         execute(run_dir, show_progress=False)
         finished = True
     except Exception as exc:  # noqa: BLE001 - reported in the table
         console.print(f"[red]{name}: {exc}")
         finished = False
-    Endpoint.fault_at = None
+    SolverEndpoint.arm(None)
     return compare(clean, run_dir, 1, finished)
 
 
@@ -211,14 +169,14 @@ def main() -> None:
                         choices=["sigkill", "proxy", "container", "disk"])
     args = parser.parse_args()
     scenarios = args.scenario or ["sigkill", "proxy", "container", "disk"]
-    url = serve()
+    url, _ = serve()
     with tempfile.TemporaryDirectory(prefix="carc-faults-") as tmp:
         root = Path(tmp)
         started = time.monotonic()
         reference = new_run(root, "clean", url)
-        Endpoint.calls = 0
+        SolverEndpoint.arm(None)
         execute(reference, show_progress=False)
-        clean, calls = verdicts(reference), Endpoint.calls
+        clean, calls = verdicts(reference), SolverEndpoint.calls
         console.print(f"clean run: {sum(map(len, clean.values()))} instances, {calls} model calls, "
                       f"{time.monotonic() - started:.0f} s")
         rows = {}

@@ -16,7 +16,6 @@ instance fails.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import pytest
 from orchestrator.analysis.report import write_report
 from orchestrator.records import read_events
 from orchestrator.run.grid_run import execute
-from solver_model.server import answer_conversation
+from tests.solver_endpoint import SolverEndpoint, serve
 
 pytestmark = pytest.mark.slow
 
@@ -39,42 +37,11 @@ model: {{endpoint: '{url}', name: carc-solver}}
 """
 
 
-class _Endpoint(BaseHTTPRequestHandler):
-    """The embedded solver as an OpenAI chat endpoint; call number `kill_at` runs `kill` first."""
-
-    calls = 0
-    kill_at: int | None = None
-    kill = staticmethod(lambda: None)
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).calls += 1
-        if self.calls == self.kill_at:
-            self.kill()
-        text = answer_conversation(body["messages"], "low").text
-        payload = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                              "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": text}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except OSError:
-            pass  # the proxy that asked is gone
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def endpoint():
-    _Endpoint.calls, _Endpoint.kill_at = 0, None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
+    SolverEndpoint.arm(None)
+    url, server = serve()
+    yield url
     server.shutdown()
 
 
@@ -117,9 +84,7 @@ def kill_program_sandbox(run_dir: Path):
 def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_uninterrupted_one(
         tmp_path, endpoint, learner, engine, killer):
     clean = verdicts(run(tmp_path, "clean", endpoint, learner, engine))
-    calls = _Endpoint.calls
-    _Endpoint.calls, _Endpoint.kill_at = 0, calls // 2  # mid-run, inside some instance
-    _Endpoint.kill = staticmethod(killer(tmp_path / "runs" / "faulted"))
+    SolverEndpoint.arm(SolverEndpoint.calls // 2, killer(tmp_path / "runs" / "faulted"))  # mid-run
     run_dir = run(tmp_path, "faulted", endpoint, learner, engine)
     faulted = events(run_dir)
     assert Counter(e.type for e in faulted)["infrastructure_fault"] == 1

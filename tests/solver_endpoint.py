@@ -1,0 +1,55 @@
+"""The embedded solver as a plain OpenAI chat endpoint on loopback, with a fault hook: call number
+`fault_at` runs `fault` before it answers (kill the proxy, a container, ...). Used by the
+infrastructure-fault tests and `bench/faults.py`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from solver_model.server import answer_conversation
+
+
+class SolverEndpoint(BaseHTTPRequestHandler):
+    calls = 0
+    fault_at: int | None = None
+    fault: Callable[[], None] = staticmethod(lambda: None)
+    lock = threading.Lock()
+
+    @classmethod
+    def arm(cls, at: int | None, fault: Callable[[], None] = lambda: None) -> None:
+        """Count calls from 0 again; call number `at` (None: none) runs `fault` first."""
+        cls.calls, cls.fault_at, cls.fault = 0, at, staticmethod(fault)
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            type(self).calls += 1
+            now = self.calls
+        if now == self.fault_at:
+            self.fault()
+        text = answer_conversation(body["messages"], "low").text
+        payload = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass  # the proxy that asked is gone
+
+    def log_message(self, *args):
+        pass
+
+
+def serve() -> tuple[str, ThreadingHTTPServer]:
+    """Start the endpoint in a daemon thread: (base URL, server)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SolverEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/v1", server
