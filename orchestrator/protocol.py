@@ -155,24 +155,22 @@ def extract_action(text: str) -> Action | Malformed:
     stripped = text.strip()
     if not stripped:
         return Malformed("the reply is empty; it must carry one JSON action")
-    lead = len(text) - len(text.lstrip())
-    direct = parse_action(stripped)
+    try:
+        direct = parse_action(_decode(stripped))
+    except (ValueError, RecursionError) as exc:  # positions count from the reply
+        direct = Malformed(_json_error(exc, text, len(text) - len(text.lstrip())), text)
     if isinstance(direct, Action):
         return direct
-    if direct.reason.startswith("not valid JSON at line"):  # positions count from the reply
-        try:
-            _decode(stripped)
-        except (ValueError, RecursionError) as exc:
-            direct = Malformed(_json_error(exc, text, lead), text)
+    # Candidates in priority order: the fences, last first; then the `{...}` spans, last first;
+    # then the spans found without string awareness (a stray quote in prose can pair with a
+    # quote of the action and hide it from the first pass).
+    candidates = [(start, end, []) for start, end in reversed(_fenced_objects(text))]
+    candidates += reversed(_object_spans(text, strings=True))
+    candidates += reversed(_object_spans(text, strings=False))
+    stack = candidates[::-1]  # pop() takes them in priority order
     budget = DECODE_BUDGET_FACTOR * len(text) + DECODE_BUDGET_MIN
     broken: Malformed | None = None
-    spans = [(start, end, []) for start, end in _fenced_objects(text)]
-    spans.reverse()
-    spans += _object_spans(text, strings=True)
-    # Without string awareness too, after the rest: a stray quote in prose can pair with a
-    # quote of the action and hide it from the first pass.
-    stack = list(reversed(_object_spans(text, strings=False))) + list(reversed(spans))
-    while stack and budget > 0:  # pop() takes the last span first
+    while stack and budget > 0:
         start, end, inner = stack.pop()
         budget -= end - start
         try:
@@ -180,7 +178,7 @@ def extract_action(text: str) -> Action | Malformed:
         except (ValueError, RecursionError) as exc:
             if broken is None and '"action"' in text[start:end]:
                 broken = Malformed(_json_error(exc, text, start), text)
-            stack.extend(reversed(inner))  # a span that does not decode may hold one that does
+            stack.extend(inner)  # a span that does not decode may hold one that does (last first)
             continue
         if isinstance(obj, dict) and "action" in obj:
             return parse_action(obj)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -56,15 +55,12 @@ def test_unclosed_fence_openings_are_scanned_in_linear_time(monkeypatch):
     decoded = []
     real = protocol_module._decode
     monkeypatch.setattr(protocol_module, "_decode", lambda text: decoded.append(len(text)) or real(text))
-    started = time.monotonic()
     out = extract_action(FENCES_REPLY)
-    elapsed = time.monotonic() - started
     assert isinstance(out, Malformed)
     # The work handed to the JSON decoder is bounded by the reply's length (the old regex
-    # backtracked for 13.5 s here; the bound below is loose so a busy machine does not fail it).
+    # backtracked for 13.5 s here; the time itself is measured in bench, not asserted).
     assert sum(decoded) <= protocol_module.DECODE_BUDGET_FACTOR * len(FENCES_REPLY) + \
         protocol_module.DECODE_BUDGET_MIN + len(FENCES_REPLY)
-    assert elapsed < 10, elapsed
 
 
 @pytest.mark.parametrize("text", [
@@ -74,6 +70,15 @@ def test_unclosed_fence_openings_are_scanned_in_linear_time(monkeypatch):
 ])
 def test_a_valid_action_after_broken_prose_is_found(text):
     assert extract_action(text) == Action("request_demos")
+
+
+@pytest.mark.parametrize("text", [
+    'first {"action": "request_demos"} then {"action": "finish"}',
+    '```json\n{"action": "request_demos"}\n```\nno, rather:\n```json\n{"action": "finish"}\n```',
+    'x {"note": {"action": "request_demos"} {"action": "finish"}',  # inside an unclosed brace
+])
+def test_of_several_actions_the_last_one_wins(text):
+    assert extract_action(text) == Action("finish")
 
 
 def test_a_json_error_inside_a_fence_names_its_line_and_column_in_the_reply():
