@@ -75,7 +75,7 @@ def _world_executable(path: str) -> bool:
     """Whether any user can run `path` (every folder on its way searchable by others)."""
     real = Path(os.path.realpath(path))
     try:
-        return all(p.stat().st_mode & 0o001 for p in real.parents) and bool(real.stat().st_mode & 0o005 == 0o005)
+        return all(p.stat().st_mode & 0o001 for p in real.parents) and real.stat().st_mode & 0o005 == 0o005
     except OSError:
         return False
 

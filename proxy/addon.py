@@ -206,10 +206,9 @@ class Journal:
             call = self.calls.get(flow.id)
             response = flow.response
             if self.real_key:  # an upstream may echo the key in any header
-                for name, value in list(response.headers.items(multi=True)):
-                    if self.real_key in value or self.real_key in name:
-                        response.headers.set_all(name, [v.replace(self.real_key, mask_of(
-                            self.real_key.encode()).decode()) for v in response.headers.get_all(name)])
+                key = self.real_key.encode()
+                response.headers.fields = tuple((name.replace(key, mask_of(key)), value.replace(key, mask_of(key)))
+                                                for name, value in response.headers.fields)
             content_type = response.headers.get("content-type", "")
             encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
             if call is not None and content_type.lower().startswith("text/event-stream"):
