@@ -8,6 +8,13 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq chromium >/dev/null
 fi
+# Debian's python3: host programs (sandbox.engine process) run as nobody when the tests run as
+# root, and nobody cannot enter a /root/.pyenv interpreter.
+if [ "$(id -u)" = 0 ] && [ ! -x /usr/bin/python3 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq python3-minimal >/dev/null
+fi
 # A real Docker engine for the sandbox, proxy and security tests (never mocked).
 bash scripts/docker-up.sh
 python3 -m pip install --quiet -e '.[test]'
