@@ -136,12 +136,15 @@ class HarnessState:
 
     def __init__(self, sandbox: SandboxEnvironment, files: dict[str, str] | None = None,
                  start: Callable[[], None] | None = None, stop: Callable[[], None] | None = None,
-                 logs: tuple[str, ...] = ()):
+                 logs: tuple[str, ...] = (), stop_before_wipe: bool = True):
         self.sandbox = sandbox
         self.files = dict(files or {})
         self.start = start
         self.stop = stop
         self.logs = logs
+        # False where `stop` is only a graceful shutdown: the wipe's kill -9 stops the processes
+        # as surely, and whatever a graceful shutdown would save, the wipe deletes.
+        self.stop_before_wipe = stop_before_wipe
         self.offsets: dict[str, int] = {}
 
     def prepare(self) -> None:
@@ -156,7 +159,8 @@ class HarnessState:
             self.stop()
 
     def wipe(self) -> None:
-        self._halt()
+        if self.stop_before_wipe:
+            self._halt()
         self.sandbox.wipe()
         self.prepare()
 

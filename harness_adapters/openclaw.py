@@ -106,7 +106,7 @@ class Gateway:
             raise HarnessError(FailureKind.CRASH, f"the openclaw gateway did not start: {tail}")
 
     def stop(self) -> None:
-        """SIGTERM (openclaw shuts down cleanly in ~2 s), then wait for it to be gone."""
+        """SIGTERM (openclaw shuts down cleanly in 2-6 s), then wait for it to be gone."""
         self.sandbox.exec(["sh", "-c", f'pid=$(cat {LOG_DIR}/gateway.pid 2>/dev/null) || exit 0; '
                            'kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null; '
                            'for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done; '
@@ -158,7 +158,8 @@ def _state(cell: HarnessCell) -> HarnessState:
     config = render_config(cell.sandbox.reverse_base_url(), cell.model, cell.effort, cell.options)
     return HarnessState(cell.sandbox, {f"{STATE_DIR}/openclaw.json": config},
                         start=gateway.start, stop=gateway.stop,
-                        logs=(f"{LOG_DIR}/openclaw.log", f"{LOG_DIR}/gateway.out"))
+                        logs=(f"{LOG_DIR}/openclaw.log", f"{LOG_DIR}/gateway.out"),
+                        stop_before_wipe=False)  # its graceful stop takes ~6 s, for nothing
 
 
 OPENCLAW = HarnessAdapter(

@@ -33,7 +33,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # import siblings as `proxy.*`, wherever the folder was copied
     sys.path.insert(0, _ROOT)
 
-from mitmproxy import ctx, exceptions, http  # noqa: E402
+from mitmproxy import ctx, dns, exceptions, http  # noqa: E402
 from mitmproxy.net import encoding  # noqa: E402
 from mitmproxy.net.http.http1 import assemble  # noqa: E402
 from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
@@ -133,6 +133,11 @@ class Journal:
                           "means the client's key is passed on unchanged.")
         loader.add_option("carc_prices", str, "",
                           "Price table file (JSON); default proxy/prices.json.")
+        # mitmproxy's own resolver answers a DNS-mode lookup before any script sees it, by
+        # resolving it for real; here every lookup is refused instead (dns_request), so it goes.
+        resolver = ctx.master.addons.get("dnsresolver")
+        if resolver is not None:
+            ctx.master.addons.remove(resolver)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -169,6 +174,33 @@ class Journal:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(ready), encoding="utf-8")
         os.replace(tmp, path)
+
+    def dns_request(self, flow: dns.DNSFlow) -> None:
+        """Every name lookup the sandbox makes (its DNS mode) is answered NXDOMAIN at once and
+        journaled as refused: nothing is resolved for the sandbox, so no lookup leaves the
+        machine (a channel out), and a harness that resolves a host itself before using
+        HTTPS_PROXY (an SSRF guard, a telemetry ping) fails in milliseconds instead of waiting
+        out the resolver's timeouts. Names of the cell network (`proxy`) are answered by
+        Docker's own resolver and never reach here."""
+        try:
+            question = flow.request.question
+            name = question.name if question else ""
+            kind = dns.types.to_str(question.type) if question else "?"
+            flow.response = flow.request.fail(dns.response_codes.NXDOMAIN)
+            slot, phase = self._slot()
+            now = time.time()
+            t_start = flow.request.timestamp or now
+            self._write(JournalEntry(
+                id=flow.id, cell=ctx.options.carc_cell, slot=slot, phase=phase, mode="dns",
+                method="DNS", url=f"dns:{name}?type={kind}", host=name, api="other", model=None,
+                stream=False, status=None, refused=True, request=None, response=None,
+                t_start=t_start, t_first_byte=None, t_end=now, latency_s=now - t_start,
+                error=f"NXDOMAIN: the sandbox resolves no names ({kind} {name} refused)"), None, None)
+            logger.warning(f"refused DNS {kind} {name}")
+        except Exception:  # noqa: BLE001 - never resolve for the sandbox, never crash the proxy
+            logger.error(f"carc journal addon failed in dns_request: {traceback.format_exc(limit=5)}")
+            if flow.response is None:
+                flow.response = flow.request.fail(dns.response_codes.SERVFAIL)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         try:

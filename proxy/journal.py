@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 Phase = Literal["before", "after", "between"]
-Mode = Literal["reverse", "regular"]
+Mode = Literal["reverse", "regular", "dns"]
 Api = Literal["openai-chat", "openai-responses", "anthropic-messages", "other"]
 
 JOURNAL_FILE = "journal.jsonl"

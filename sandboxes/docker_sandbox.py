@@ -6,6 +6,10 @@ can be found and pruned):
     sandbox container --(internal network, no host address on the bridge)--> proxy container
     proxy container   --(carc-egress bridge)--> the model host(s) only
 
+Names: Docker's resolver in the sandbox answers the cell network's own names (`proxy`) and
+forwards every other lookup to the proxy's DNS mode, which refuses it (NXDOMAIN) at once and
+journals it; so no lookup leaves, and none waits out a resolver timeout.
+
 The sandbox runs as uid 1000 on a read-only root filesystem with the state volume at /state and a
 tmpfs at /tmp, no capabilities, no-new-privileges, cpu/memory/pids limits and no Docker socket.
 Its idle keeper process runs as uid 1001, so a wipe (`kill -9 -1` as uid 1000) stops every harness
@@ -44,6 +48,7 @@ CA_PATH = "/tmp/carc/ca.pem"
 PROXY_HOST = "proxy"
 REGULAR_PORT = 8080
 REVERSE_PORT = 8081
+DNS_PORT = 53  # the engine forwards lookups to port 53 only
 EGRESS_NETWORK = "carc-egress"
 CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16"))
 LABEL_RUN = "org.carc.run"
@@ -104,6 +109,7 @@ class DockerSandbox(SandboxEnvironment):
         self.labels = {LABEL_RUN: spec.run, LABEL_CELL: spec.cell}
         self.container = None
         self.proxy_container = None
+        self.proxy_address: str | None = None  # the proxy on the cell network: the sandbox's DNS
         self.network = None
         self.volume = None
 
@@ -137,12 +143,19 @@ class DockerSandbox(SandboxEnvironment):
             init=True, user=KEEPER_USER, read_only=True, network_mode=network_mode,
             mounts=mounts, tmpfs={"/tmp": f"rw,nosuid,nodev,size={spec.limits.tmp_size},mode=1777"},
             security_opt=["no-new-privileges"], cap_drop=["ALL"],
+            dns=[self.proxy_address] if self.proxy_address else None,
             nano_cpus=int(spec.limits.cpus * 1e9), mem_limit=spec.limits.memory,
             memswap_limit=spec.limits.memory, pids_limit=spec.limits.pids,
             environment=env, working_dir=self.state_path,
             labels={**self.labels, LABEL_ROLE: "sandbox"}, hostname="sandbox")
         if spec.proxy is not None:
-            self.write_file(CA_PATH, self.proxy_ca())
+            # Written as the keeper: the harness (uid 1000) reads it but cannot write beside it,
+            # so /tmp/carc, which the wipe keeps, can carry nothing from one instance to the next.
+            result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", CA_PATH],
+                               input=self.proxy_ca(), timeout=60, user=KEEPER_USER)
+            if not result.ok:
+                raise SandboxError(f"{self.name}:{CA_PATH}: cannot write the proxy's CA: "
+                                   f"{result.stderr.decode(errors='replace').strip()}")
 
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +173,7 @@ class DockerSandbox(SandboxEnvironment):
                                 confdir="/ca", allow=proxy.allow, key_env=proxy.key_env if env else "",
                                 prices="/prices.json" if proxy.prices is not None else None)
         args = ["--mode", f"regular@{REGULAR_PORT}", "--mode", f"reverse:{target}@{REVERSE_PORT}",
-                *set_arguments(options)]
+                "--mode", f"dns@{DNS_PORT}", *set_arguments(options)]
         if proxy.upstream_ca is not None:
             mounts.append(Mount("/upstream-ca.pem", str(proxy.upstream_ca.resolve()), type="bind",
                                 read_only=True))
@@ -173,8 +186,12 @@ class DockerSandbox(SandboxEnvironment):
             security_opt=["no-new-privileges"], cap_drop=["ALL"], environment={"HOME": "/tmp", **env},
             network=ensure_egress_network(self.client),
             extra_hosts={"host.docker.internal": "host-gateway"}, mem_limit="512m",
-            pids_limit=256, labels={**self.labels, LABEL_ROLE: "proxy"})
-        self.network.connect(container, aliases=[PROXY_HOST])
+            pids_limit=256, labels={**self.labels, LABEL_ROLE: "proxy"},
+            # port 53 without a capability: only this container's network namespace changes
+            sysctls={"net.ipv4.ip_unprivileged_port_start": str(DNS_PORT)})
+        self.proxy_address = pinned_address(self.network)
+        self.network.connect(container, aliases=[PROXY_HOST],
+                             **({"ipv4_address": self.proxy_address} if self.proxy_address else {}))
         container.start()
         self._wait_proxy(container, ca_dir)
         return container
@@ -347,6 +364,8 @@ class DockerSandbox(SandboxEnvironment):
                   "find /tmp -mindepth 1 -maxdepth 1 ! -name carc -exec rm -rf {} +; "
                   f"[ -z \"$(ls -A {self.state_path})\" ]")
         result = self.exec(["sh", "-c", script])
+        if not result.ok:  # a process killed mid-write may have added a file after the delete
+            result = self.exec(["sh", "-c", script])
         if not result.ok:
             raise SandboxError(f"{self.name}: wipe left files in {self.state_path}: "
                                f"{result.stderr.decode(errors='replace')[-500:]}")
@@ -525,6 +544,20 @@ def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str
                 raise
     raise SandboxError(f"no free /28 left in {CELL_POOL} (set CARC_CELL_POOL, or run "
                        f"`carc sandboxes prune`)")
+
+
+def pinned_address(network) -> str | None:
+    """The proxy's fixed address on a cell network: the subnet's last host, which the engine,
+    handing out from the bottom, gives nobody else; fixed, so a restarted proxy keeps it. None
+    when the engine does not report the subnet (then the sandbox keeps Docker's resolver alone,
+    whose lookups of outside names time out instead of failing at once)."""
+    for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
+        subnet = config.get("Subnet")
+        if subnet:
+            net = ipaddress.ip_network(subnet, strict=False)
+            if net.version == 4 and net.num_addresses >= 8:
+                return str(net.broadcast_address - 1)
+    return None
 
 
 def _remove_network(net) -> None:

@@ -12,6 +12,7 @@ instance; demonstration pairs are read from user and tool messages.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -113,6 +114,10 @@ PREDICTED_OUTPUT = "Predicted test output:"
 _ROLES = {"developer": "system", "function": "tool"}
 _DECODER = json.JSONDecoder()
 _GRID_START = re.compile(r"\s*(?:```(?:json)?\s*)?(?=\[)")
+# What one message's text says is read once per text, not once per request: a conversation is
+# sent again whole on every turn, so most of its messages were read before. (Every cached result
+# is immutable: grids and pairs are tuples, actions frozen.)
+_TEXTS_CACHED = 4096
 
 
 def message_text(content: Any) -> str:
@@ -190,7 +195,7 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
     for text in user_texts:
         for match in _COUNTS.finditer(text):
             attempts_used, demos_used = int(match.group(1)), int(match.group(2))
-    over = any(_OVER.search(t) or _verdict(t) is Feedback.CORRECT for t in user_texts)
+    over = any(_says_over(t) for t in user_texts)
 
     return ConversationState(
         mode=_mode(msgs, header),
@@ -242,17 +247,26 @@ def _pairs(instance: list[_Message]) -> tuple[Demo, ...]:
     for message in instance:
         if message.role not in ("user", "tool"):
             continue
-        pending: dict[int, Grid] = {}
-        for match in _DEMO.finditer(message.text):
-            number, side = int(match.group(1)), match.group(2)
-            grid = grid_after(message.text, match.end())
-            if grid is None:
-                continue
-            if side == "input":
-                pending[number] = grid
-            elif number in pending:
-                found.setdefault(Demo(pending.pop(number), grid), None)
+        for demo in _message_pairs(message.text):
+            found.setdefault(demo, None)
     return tuple(found)
+
+
+@functools.lru_cache(maxsize=_TEXTS_CACHED)
+def _message_pairs(text: str) -> tuple[Demo, ...]:
+    """The demonstration pairs one message shows, in order (an input, then its output)."""
+    pairs = []
+    pending: dict[int, Grid] = {}
+    for match in _DEMO.finditer(text):
+        number, side = int(match.group(1)), match.group(2)
+        grid = grid_after(text, match.end())
+        if grid is None:
+            continue
+        if side == "input":
+            pending[number] = grid
+        elif number in pending:
+            pairs.append(Demo(pending.pop(number), grid))
+    return tuple(pairs)
 
 
 def _verdict(text: str) -> Feedback | None:
@@ -262,6 +276,12 @@ def _verdict(text: str) -> Feedback | None:
     return Feedback.CORRECT if match.group(1).lower() == "correct" else Feedback.INCORRECT
 
 
+@functools.lru_cache(maxsize=_TEXTS_CACHED)
+def _says_over(text: str) -> bool:
+    return bool(_OVER.search(text)) or _verdict(text) is Feedback.CORRECT
+
+
+@functools.lru_cache(maxsize=_TEXTS_CACHED)
 def _feedback(text: str) -> Feedback | None:
     verdict = _verdict(text)
     if verdict is not None:
@@ -291,17 +311,23 @@ def _turns(instance: list[_Message]):
             if later.role == "user":
                 replies.append(later.text)
         feedback = _feedback("\n".join(replies))
-        program = None
-        predicted = None
-        if _PYTHON_BLOCK.search(message.text) or _PROGRAM_LINE.search(message.text):
-            line = _PROGRAM_LINE.search(message.text)
-            program = line.group(1) if line else None
-            marker = message.text.find(PREDICTED_OUTPUT)
-            if marker >= 0:
-                predicted = grid_after(message.text, marker + len(PREDICTED_OUTPUT))
-        action = extract_action(message.text) if program is None else None
-        turns.append((action, program, predicted, feedback))
+        turns.append((*_reply_of(message.text), feedback))
     return turns
+
+
+@functools.lru_cache(maxsize=_TEXTS_CACHED)
+def _reply_of(text: str) -> tuple[Any, str | None, Grid | None]:
+    """One assistant reply as (action, program description, predicted output)."""
+    program = None
+    predicted = None
+    if _PYTHON_BLOCK.search(text) or _PROGRAM_LINE.search(text):
+        line = _PROGRAM_LINE.search(text)
+        program = line.group(1) if line else None
+        marker = text.find(PREDICTED_OUTPUT)
+        if marker >= 0:
+            predicted = grid_after(text, marker + len(PREDICTED_OUTPUT))
+    action = extract_action(text) if program is None else None
+    return action, program, predicted
 
 
 def _mode(msgs: list[_Message], header: int | None) -> Mode:

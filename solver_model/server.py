@@ -21,6 +21,7 @@ message, the JSON of any tool calls in them, and the JSON of the request's `tool
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -56,6 +57,7 @@ STREAM_PIECES = 4
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
+@functools.lru_cache(maxsize=8192)  # a conversation comes back whole on every turn
 def count_tokens(text: str) -> int:
     """Deterministic token count: runs of word characters plus single other non-blank characters."""
     return len(_TOKEN.findall(text))

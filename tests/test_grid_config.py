@@ -145,3 +145,28 @@ def test_a_model_endpoint_that_is_not_a_base_url_is_refused_at_load(tmp_path, en
 def test_an_upper_case_scheme_is_read_as_the_url_it_is(tmp_path):
     grid = load_grid(write(tmp_path, GOOD + "model: {endpoint: 'HTTP://127.0.0.1:8000/v1'}\n"))
     assert grid.model.endpoint == "http://127.0.0.1:8000/v1"
+
+
+def test_cells_start_longest_first_and_the_order_keeps_every_cell_once(tmp_path):
+    from orchestrator.run.grid_run import run_order
+
+    cells = load_grid(write(tmp_path, """\
+        name: t
+        track: {name: own, tasks: 3}
+        efforts: [low, medium]
+        learners:
+          - stateless-floor
+          - program-library
+          - hermes-agent
+          - {learner: hermes-agent, row: memory-off}
+          - {learner: openclaw, row: program-procedure-wiped}
+        """)).cells()
+    ordered = [c.cell for c in run_order(cells)]
+    assert sorted(ordered) == sorted(c.cell for c in cells)
+    assert ordered[:4] == ["hermes-agent-memory-off.medium.workstreams.s0",
+                           "openclaw-program-procedure-wiped.medium.workstreams.s0",
+                           "hermes-agent-memory-off.low.workstreams.s0",
+                           "openclaw-program-procedure-wiped.low.workstreams.s0"]
+    assert ordered[4:6] == ["hermes-agent.medium.workstreams.s0", "hermes-agent.low.workstreams.s0"]
+    assert ordered[6:] == ["program-library.medium.workstreams.s0", "program-library.low.workstreams.s0",
+                           "stateless-floor.medium.workstreams.s0", "stateless-floor.low.workstreams.s0"]

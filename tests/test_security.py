@@ -150,10 +150,51 @@ def test_non_allowlisted_host_through_the_proxy_gets_403_and_a_journal_line(cell
     box, journal = cell
     assert _through_proxy(box, "http://example.com/exfiltrate?x=1").startswith("403")
     assert "403" in _through_proxy(box, "https://pypi.org/simple/")  # CONNECT refused
-    refused = [e for e in read_journal(journal / "journal.jsonl") if e.refused]
+    refused = [e for e in read_journal(journal / "journal.jsonl") if e.refused and e.mode != "dns"]
     hosts = {e.host for e in refused}
     assert {"example.com", "pypi.org"} <= hosts
     assert all(e.status == 403 and e.cell == "cell-security" for e in refused)
+
+
+def test_nothing_the_harness_writes_in_tmp_survives_a_wipe(cell):
+    """/tmp/carc (the proxy's CA) is kept by the wipe, so the harness must not be able to write
+    there; everything else in /tmp and the volume goes."""
+    box, _ = cell
+    wrote = box.exec(["sh", "-c", "echo note > /tmp/carc/note; echo $?; echo note > /tmp/elsewhere; "
+                      "mkdir -p /tmp/carc/sub 2>/dev/null; echo $?"]).text().split()
+    assert wrote[0] != "0" and wrote[1] != "0", wrote
+    assert box.read_file("/tmp/carc/ca.pem").startswith(b"-----BEGIN CERTIFICATE-----")
+    box.wipe()
+    left = box.exec(["sh", "-c", "ls -A /tmp /tmp/carc"]).text()
+    assert "elsewhere" not in left and "note" not in left and "ca.pem" in left
+
+
+LOOKUP = r"""
+import json, socket, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = socket.getaddrinfo(name, 443, socket.AF_INET)[0][4][0]
+    except socket.gaierror as exc:
+        out[name] = exc.errno
+print(json.dumps(out))
+"""
+
+
+def test_name_lookups_in_the_sandbox_are_refused_by_the_proxy_and_journaled(cell):
+    """An outside name gets "no such name" from the proxy's DNS mode (EAI_NONAME), not a resolver
+    timeout (EAI_AGAIN, 10 s, which is what Docker's resolver alone gives on an internal network),
+    and the lookup is journaled as refused; the cell network's own name still resolves."""
+    box, journal = cell
+    name = f"exfil-{uuid.uuid4().hex[:12]}.example.org"
+    result = box.exec(["python3", "-c", LOOKUP, name, PROXY_HOST], timeout=60)
+    answers = json.loads(result.stdout)
+    assert answers[name] == socket.EAI_NONAME, answers
+    assert answers[PROXY_HOST] == box.proxy_address
+    lookups = [e for e in read_journal(journal / "journal.jsonl") if e.mode == "dns" and e.host == name]
+    assert lookups and all(e.refused and e.method == "DNS" and e.slot == 4 and e.phase == "before"
+                           and e.cell == "cell-security" and "NXDOMAIN" in e.error for e in lookups)
+    assert not [e for e in read_journal(journal / "journal.jsonl") if e.host == PROXY_HOST]
 
 
 def test_model_call_through_the_reverse_proxy_reaches_upstream_with_the_real_key(cell, upstream):

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness_adapters import registry
 from orchestrator.records import RunPaths
+from orchestrator.rows import STATELESS_ROWS
 from proxy.host import die_with_parent, free_port
 from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid,
                                          write_run_grid)
@@ -181,9 +182,26 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
             prune(run=run_dir.name)
 
 
+EFFORT_RANK = {"low": 0, "medium": 1, "high": 2}
+
+
+def run_order(cells: list[Cell]) -> list[Cell]:
+    """The order cells are started in: the likeliest longest first, so that no long cell starts
+    last while the other workers sit idle. A row wiped before every instance restarts its
+    harness each time; a harness costs more than a ladder learner; the program library runs
+    its programs and is re-asked; a higher effort searches longer. Cells are independent, so
+    the order changes no result, only when the grid ends."""
+    def weight(cell: Cell) -> tuple:
+        harness = cell.learner in HARNESSES
+        return (harness and cell.row in STATELESS_ROWS, harness, cell.learner == "program-library",
+                EFFORT_RANK.get(cell.effort, 1))
+    return sorted(cells, key=weight, reverse=True)  # stable: the grid's order among equals
+
+
 def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell],
              workers: int | None, show_progress: bool) -> None:
     workers = workers or min(grid.workers, len(cells))
+    cells = run_order(cells)
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     servers = max(1, min(workers, os.cpu_count() or 1))
