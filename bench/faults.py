@@ -13,6 +13,11 @@ Scenarios:
   proxy      the cell's host mitmdump SIGKILLed mid-call (ladder cell)
   container  the program library's program container `docker kill`ed mid-call
   disk       the run folder on a tmpfs that fills mid-run; space is given back and the run resumed
+  upstream-429-retry-after, upstream-429, upstream-500, upstream-hang, upstream-truncated,
+  upstream-reset
+             the model endpoint fails one call mid-run as a provider does (a hang outlasts the
+             grid's 10 s model timeout); the ladder client retries it, so the verdicts must equal
+             the clean run's, and the journal must hold the failed attempt ("journal errors")
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from rich.table import Table  # noqa: E402
 
 from orchestrator.records import read_events  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
-from tests.solver_endpoint import SolverEndpoint, serve  # noqa: E402
+from proxy.journal import read_journal  # noqa: E402
+from tests.solver_endpoint import UPSTREAM_FAULTS, SolverEndpoint, serve  # noqa: E402
 
 console = Console(width=150)
 
@@ -49,8 +55,9 @@ efforts: [low]
 learners: [stateless-floor, program-library]
 workers: 2
 sandbox: {{engine: docker}}
-model: {{endpoint: '{url}', name: carc-solver}}
+model: {{endpoint: '{url}', name: carc-solver, timeout_s: 10}}
 """
+UPSTREAM = [f"upstream-{kind}" for kind in UPSTREAM_FAULTS]
 
 
 def new_run(root: Path, name: str, url: str) -> Path:
@@ -83,8 +90,12 @@ def compare(clean: dict, run_dir: Path, injected: int, finished: bool) -> dict:
     differ = sum(1 for c, v in clean.items() for a, b in zip(v, got.get(c, [])) if a != b)
     faults = sum(1 for cell in (run_dir / "cells").iterdir() if (cell / "events.jsonl").exists()
                  for e in read_events(cell / "events.jsonl") if e.type == "infrastructure_fault")
+    journal_errors = sum(1 for journal in (run_dir / "cells").glob("*/journal/journal.jsonl")
+                         for entry in read_journal(journal)
+                         if entry.error or entry.status is None or entry.status >= 400)
     return {"injected": injected, "recovered": "yes" if finished and not lost else "no", "lost": lost,
-            "double": double, "differ": differ, "journaled faults": faults, "leaks": leaks(run_dir.name)}
+            "double": double, "differ": differ, "journaled faults": faults,
+            "journal errors": journal_errors, "leaks": leaks(run_dir.name)}
 
 
 def cli(run_dir: Path) -> subprocess.Popen:
@@ -117,7 +128,7 @@ def sigkill(root: Path, url: str, clean: dict, kills: int) -> dict:
 
 def injected_at_call(root: Path, name: str, url: str, clean: dict, calls: int, fault) -> dict:
     run_dir = new_run(root, name, url)
-    SolverEndpoint.arm(calls // 2, lambda: fault(run_dir))
+    SolverEndpoint.arm(calls // 2, fault if isinstance(fault, str) else (lambda: fault(run_dir)))
     try:
         execute(run_dir, show_progress=False)
         finished = True
@@ -166,9 +177,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--scenario", action="append",
-                        choices=["sigkill", "proxy", "container", "disk"])
+                        choices=["sigkill", "proxy", "container", "disk", *UPSTREAM])
     args = parser.parse_args()
-    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk"]
+    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk", *UPSTREAM]
     url, _ = serve()
     with tempfile.TemporaryDirectory(prefix="carc-faults-") as tmp:
         root = Path(tmp)
@@ -188,11 +199,14 @@ def main() -> None:
                 rows[name] = injected_at_call(root, "proxy", url, clean, calls, kill_proxy)
             elif name == "container":
                 rows[name] = injected_at_call(root, "container", url, clean, calls, kill_container)
+            elif name in UPSTREAM:
+                rows[name] = injected_at_call(root, name, url, clean, calls, name.removeprefix("upstream-"))
             else:
                 rows[name] = disk(root, url, clean)
             rows[name]["s"] = f"{time.monotonic() - t0:.0f}"
         table = Table(title="fault injection (against a clean run of the same grid)")
-        columns = ["injected", "recovered", "lost", "double", "differ", "journaled faults", "leaks", "s", "note"]
+        columns = ["injected", "recovered", "lost", "double", "differ", "journaled faults", "journal errors",
+                   "leaks", "s", "note"]
         table.add_column("scenario")
         for column in columns:
             table.add_column(column, justify="right" if column != "note" else "left")

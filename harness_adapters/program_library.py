@@ -10,6 +10,7 @@ state emptied before every instance (a row setting of the cell, not a code path 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.prompts import PromptSet
@@ -57,13 +58,26 @@ class ProgramLibrary(DemoCacheFloor):
         self.last_program = self.passing = None
 
     def replay(self, step: StepRecord) -> None:
+        """A resumed instance gets back the turn's whole exchange (every reply, every failed
+        check's message), as recorded in the step's note, so the model is sent exactly what an
+        uninterrupted run would have sent it."""
         program = step.note.get("program")
-        if not program:
-            return super().replay(step)
-        self.last_program = self.passing = program
-        self.messages.append({"role": "assistant", "content": f"```python\n{program}```"})
+        if program:
+            self.last_program = self.passing = program
+        exchange = step.note.get("exchange")
+        if isinstance(exchange, list):
+            self.messages.extend(m for m in exchange if isinstance(m, dict))
+        elif program:  # a record from before exchanges were kept
+            self.messages.append({"role": "assistant", "content": f"```python\n{program}```"})
+        else:
+            super().replay(step)
 
     def act(self) -> Turn:
+        turn_start = len(self.messages)
+        turn = self._act()
+        return replace(turn, note={**(turn.note or {}), "exchange": self.messages[turn_start:]})
+
+    def _act(self) -> Turn:
         if self.kept_pending:
             self.kept_pending = False
             turn = self._run_kept()
@@ -89,7 +103,7 @@ class ProgramLibrary(DemoCacheFloor):
             result = check_program(source, self.pairs, self.test_input, self.limits, self.executor)
             if result.passed:
                 self.last_program = self.passing = source
-                return Turn(action=Action("submit", result.test_output), usage=usage,
+                return Turn(text=reply.text, action=Action("submit", result.test_output), usage=usage,
                             note={"program": source, "from": "model"})
             self.messages.append({"role": "user", "content": self.prompts.render(
                 "program_check_failed", details=result.details)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -44,10 +45,11 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
-    from orchestrator.run.grid_run import execute, start_run
+    from orchestrator.run.grid_run import RunInterrupted, execute, start_run
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
     try:
         if resume is not None:
             if not RunPaths(resume).grid.exists():
@@ -56,12 +58,19 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             execute(run_dir, workers)
         else:
             run_dir = start_run(grid, runs_dir, run_id, workers)
+    except RunInterrupted as exc:
+        console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
+        raise typer.Exit(130)
     except (GridFileError, ValueError, RuntimeError) as exc:
         _fail(str(exc))
     console.print(f"run: {run_dir}")
     if report:
         console.print(f"report: {write_report(run_dir)}")
         _inspect_harness_cells(run_dir)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _inspect_harness_cells(run_dir: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 from orchestrator.analysis.report import write_report
 from orchestrator.records import read_events
 from orchestrator.run.grid_run import execute
+from proxy.journal import read_journal
 from tests.solver_endpoint import SolverEndpoint, serve
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ efforts: [low]
 learners: [{learner}]
 workers: 1
 sandbox: {{engine: {engine}}}
-model: {{endpoint: '{url}', name: carc-solver}}
+model: {{endpoint: '{url}', name: carc-solver, timeout_s: {timeout}}}
 """
 
 
@@ -45,10 +46,10 @@ def endpoint():
     server.shutdown()
 
 
-def run(tmp_path: Path, name: str, url: str, learner: str, engine: str) -> Path:
+def run(tmp_path: Path, name: str, url: str, learner: str, engine: str, timeout: float = 600) -> Path:
     run_dir = tmp_path / "runs" / name
     (run_dir / "cells").mkdir(parents=True)
-    (run_dir / "grid.yaml").write_text(GRID.format(learner=learner, engine=engine, url=url))
+    (run_dir / "grid.yaml").write_text(GRID.format(learner=learner, engine=engine, url=url, timeout=timeout))
     execute(run_dir, show_progress=False)
     return run_dir
 
@@ -93,3 +94,19 @@ def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_u
     report = write_report(run_dir).read_text()
     assert "## Infrastructure faults (not charged)" in report
     assert "model-unavailable" not in {v[3] for v in clean}
+
+
+@pytest.mark.parametrize("fault", ["429-retry-after", "500", "reset", "truncated", "hang"])
+def test_a_provider_failing_one_call_is_retried_journaled_and_changes_no_verdict(tmp_path, endpoint, fault):
+    """Through the real host proxy: the failed attempt is a journal line of its own (an error
+    status, or the error that ended it), the ladder client's retry gets the answer, and the run's
+    verdicts equal a run without the fault (a hang outlasts the grid's 5 s model timeout)."""
+    clean_dir = run(tmp_path, "clean", endpoint, "stateless-floor", "process", timeout=5)
+    clean = verdicts(clean_dir)
+    SolverEndpoint.arm(SolverEndpoint.calls // 2, fault)
+    run_dir = run(tmp_path, "faulted", endpoint, "stateless-floor", "process", timeout=5)
+    assert verdicts(run_dir) == clean
+    [journal] = (run_dir / "cells").glob("*/journal/journal.jsonl")
+    failed = [e for e in read_journal(journal) if e.error or e.status is None or e.status >= 400]
+    assert len(failed) == 1, [(e.status, e.error) for e in failed]
+    assert len(read_journal(journal)) == len(read_journal(next((clean_dir / "cells").glob("*/journal")))) + 1

@@ -184,3 +184,38 @@ def test_a_program_on_the_process_engine_sees_no_key_in_its_environment_or_the_o
         "    return [[9 if 'sk-process-engine-secret' in seen else 1]]\n")
     [result] = run_program(source, [((0,),)])
     assert result.error is None and result.output == ((1,),), result
+
+
+def test_a_resumed_program_library_instance_sends_the_model_exactly_what_it_would_have(tmp_path):
+    """Every reply of a turn and every failed check's message is recorded in the step's note and
+    replayed on resume: the conversation sent after a resume equals the uninterrupted one."""
+    wrong = "# program: identity\n```python\ndef transform(grid):\n    return grid\n```\nPredicted test output: [[5,6,7]]"
+    right = f"# program: flip\n```python\n{FLIP}```\nPredicted test output: [[7,6,5]]"
+    replies = [wrong, right, '{"action": "request_demos"}', right]
+
+    def play(learner, steps):
+        history, wrong_answers, demos = [], 0, 0
+        for _ in range(steps):
+            turn = learner.act()
+            action = turn.action or Action("request_demos")
+            if action.kind == "submit":
+                outcome, wrong_answers = Verdict(False, False), wrong_answers + 1
+            else:
+                outcome, demos = DemoGiven(PAIRS[1], demos + 1), demos + 1
+            history.append(StepRecord(action, outcome, turn.text, turn.note))
+            learner.observe(outcome, wrong_answers, demos)
+        return history
+
+    uninterrupted = ScriptedModel(replies)
+    learner = ProgramLibrary(tmp_path / "a", PromptSet.load(), uninterrupted)
+    learner.pairs = [PAIRS[0]]
+    learner.begin(InstanceView("t", TEST))
+    history = play(learner, 2)
+    learner.act()
+
+    resumed = ScriptedModel(replies[3:])
+    again = ProgramLibrary(tmp_path / "b", PromptSet.load(), resumed)
+    again.begin(InstanceView("t", TEST, 1, 1, tuple(history)))
+    again.act()
+    assert resumed.seen[-1] == uninterrupted.seen[-1]
+    assert any("Predicted test output" in m["content"] for m in resumed.seen[-1] if m["role"] == "assistant")

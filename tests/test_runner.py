@@ -128,3 +128,35 @@ def test_sigkill_mid_instance_then_resume_loses_and_double_charges_nothing(tmp_p
     events = [e for evs in cell_events(run_dir).values() for e in evs]
     assert any(e.type == "resumed" for e in events), "no kill landed mid-instance"
     assert results(run_dir) == results(reference)
+
+
+def _run_labelled(run_id: str) -> list[str]:
+    import docker
+    client = docker.from_env()
+    label = {"label": f"org.carc.run={run_id}"}
+    return ([c.name for c in client.containers.list(all=True, filters=label)]
+            + [n.name for n in client.networks.list(filters=label)]
+            + [v.name for v in client.volumes.list(filters=label)])
+
+
+def test_sigterm_stops_the_run_leaves_nothing_and_resume_finishes_it(tmp_path):
+    """`kill <carc grid run>` (SIGTERM to the main process only, as a scheduler sends it) stops
+    the workers instead of waiting for their cells, prunes the run's containers, volumes and
+    networks, exits 130 naming the resume command, and the run resumes to the full record."""
+    run_dir = make_run(tmp_path, "terminated")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume",
+                             str(run_dir), "--no-report", "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:  # a program-checking container is up
+        if (run_dir / "cells").exists() and _lines(run_dir) >= 10 and _run_labelled(run_dir.name):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 130, output
+    assert f"carc grid run --resume {run_dir}" in output.replace("\n", "")
+    assert _run_labelled(run_dir.name) == []
+    assert _run_cli(run_dir).wait(timeout=600) == 0
+    assert_records_consistent(run_dir, 13)

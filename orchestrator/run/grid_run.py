@@ -111,6 +111,15 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
     return cell.cell
 
 
+class RunInterrupted(Exception):
+    """The run was stopped (Ctrl-C, SIGTERM): its workers are gone, its containers, volumes and
+    networks pruned; every record written stands and `--resume` continues from them."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(f"interrupted; continue with `carc grid run --resume {run_dir}`")
+        self.run_dir = run_dir
+
+
 class GridMismatch(ValueError):
     """A run folder was asked to continue with a grid other than the one it was started with."""
 
@@ -176,6 +185,8 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
         prepare_sandboxes(grid, run_dir, show_progress)
     try:
         _execute(run_dir, grid_path, grid, cells, workers, show_progress)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI turns it into this)
+        raise RunInterrupted(run_dir) from None
     finally:
         if docker_used and prune_at_end:  # teardown runs in every cell; this catches what a killed worker left
             from sandboxes.docker_sandbox import prune
@@ -223,19 +234,34 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
                        for k, c in enumerate(cells)}
             pending = set(futures)
             failures = []
-            while pending:
-                _drain(events, progress, bars)
-                done = [f for f in pending if f.done()]
-                for future in done:
-                    pending.discard(future)
-                    try:
-                        future.result()
-                    except Exception as exc:  # report every failed cell, keep the others running
-                        failures.append(f"{futures[future].cell}: {type(exc).__name__}: {exc}")
-                time.sleep(0.1)
+            try:
+                while pending:
+                    _drain(events, progress, bars)
+                    done = [f for f in pending if f.done()]
+                    for future in done:
+                        pending.discard(future)
+                        try:
+                            future.result()
+                        except Exception as exc:  # report every failed cell, keep the others running
+                            failures.append(f"{futures[future].cell}: {type(exc).__name__}: {exc}")
+                    time.sleep(0.1)
+            except BaseException:
+                # Leaving the pool would wait for every running cell; they are stopped instead
+                # (the records they wrote stand; `execute` prunes what their sandboxes left).
+                _stop_workers(pool)
+                raise
             _drain(events, progress, bars)
     if failures:
         raise RuntimeError("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            process.kill()
+        except (OSError, ValueError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _drain(events, progress: Progress, bars: dict[str, int]) -> None:
