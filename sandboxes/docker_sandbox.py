@@ -149,13 +149,17 @@ class DockerSandbox(SandboxEnvironment):
             environment=env, working_dir=self.state_path,
             labels={**self.labels, LABEL_ROLE: "sandbox"}, hostname="sandbox")
         if spec.proxy is not None:
-            # Written as the keeper: the harness (uid 1000) reads it but cannot write beside it,
-            # so /tmp/carc, which the wipe keeps, can carry nothing from one instance to the next.
-            result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", CA_PATH],
-                               input=self.proxy_ca(), timeout=60, user=KEEPER_USER)
-            if not result.ok:
-                raise SandboxError(f"{self.name}:{CA_PATH}: cannot write the proxy's CA: "
-                                   f"{result.stderr.decode(errors='replace').strip()}")
+            self._install_ca()
+
+    def _install_ca(self) -> None:
+        """The proxy's CA at CA_PATH, written as the keeper: the harness (uid 1000) reads it but
+        cannot write beside it, so /tmp/carc, which the wipe keeps, carries nothing from one
+        instance to the next."""
+        result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", CA_PATH],
+                           input=self.proxy_ca(), timeout=60, user=KEEPER_USER)
+        if not result.ok:
+            raise SandboxError(f"{self.name}:{CA_PATH}: cannot write the proxy's CA: "
+                               f"{result.stderr.decode(errors='replace').strip()}")
 
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -363,12 +367,29 @@ class DockerSandbox(SandboxEnvironment):
                   f"find {self.state_path} -mindepth 1 -delete; "
                   "find /tmp -mindepth 1 -maxdepth 1 ! -name carc -exec rm -rf {} +; "
                   f"[ -z \"$(ls -A {self.state_path})\" ]")
-        result = self.exec(["sh", "-c", script])
-        if not result.ok:  # a process killed mid-write may have added a file after the delete
+        try:
             result = self.exec(["sh", "-c", script])
-        if not result.ok:
-            raise SandboxError(f"{self.name}: wipe left files in {self.state_path}: "
-                               f"{result.stderr.decode(errors='replace')[-500:]}")
+            failure = None if result.ok else result.stderr.decode(errors="replace")[-500:]
+        except SandboxError as exc:  # no process can start: the harness filled the pids limit
+            failure = str(exc)
+        if failure is not None:
+            # A process killed mid-write may have added a file after the delete, or nothing can
+            # start: a restart ends every process in the container (and empties its tmpfs), then
+            # the wipe runs again on a container that is as it was started.
+            log.warning("wipe_retry_after_restart", sandbox=self.name, error=failure)
+            self._restart()
+            result = self.exec(["sh", "-c", script])
+            if not result.ok:
+                raise SandboxError(f"{self.name}: wipe left files in {self.state_path}: "
+                                   f"{result.stderr.decode(errors='replace')[-500:]}")
+
+    def _restart(self) -> None:
+        try:
+            self.container.restart(timeout=0)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"{self.name}: the container could not be restarted for a wipe: {exc}") from None
+        if self.spec.proxy is not None:
+            self._install_ca()
 
     def snapshot(self, dest: Path) -> None:
         """The state volume as `dest` (tar.gz of `./...`), read through the engine's archive API:

@@ -246,6 +246,27 @@ def test_a_snapshot_works_while_detached_children_fill_the_pids_limit(hostile, t
         assert "./u/locked" in archive.getnames()
 
 
+FILL_PIDS = ("import subprocess, time\n"
+             "while True:\n"
+             "    try:\n"
+             "        subprocess.Popen(['sleep', '600'])\n"
+             "    except OSError:\n"
+             "        time.sleep(0.005)\n")
+
+
+def test_a_wipe_works_while_a_respawner_keeps_the_pids_limit_full(hostile):
+    """Nothing can start in the container (not even the wipe's shell): the container is restarted,
+    which ends every process, and the wipe runs on it as started; the sandbox serves again."""
+    # a respawner that takes every pid that comes free, so the limit stays full
+    hostile.exec(["sh", "-c", 'python3 -c "$0" >/dev/null 2>&1 </dev/null & sleep 3', FILL_PIDS])
+    hostile.container.reload()
+    assert len(hostile.container.top()["Processes"]) >= 60  # at the limit (64)
+    hostile.wipe()
+    assert hostile.exec(["ls", "-A", "/state"]).text() == ""
+    assert int(hostile.exec(["sh", "-c", "ls /proc | grep -c '^[0-9]'"]).text()) < 10
+    assert hostile.fault() is None
+
+
 def test_exec_output_is_collected_in_linear_time(sandbox):
     result = sandbox.exec(["sh", "-c", "head -c 67108864 /dev/zero"], timeout=120)
     assert result.ok and len(result.stdout) == 64 << 20
