@@ -84,8 +84,9 @@ class SolverEndpoint(BaseHTTPRequestHandler):
         pass
 
 
-def serve() -> tuple[str, ThreadingHTTPServer]:
-    """Start the endpoint in a daemon thread: (base URL, server)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), SolverEndpoint)
+def serve(host: str = "127.0.0.1") -> tuple[str, ThreadingHTTPServer]:
+    """Start the endpoint in a daemon thread: (base URL, server). A harness cell's proxy
+    container reaches the host on the default bridge's gateway (`sandboxes.networks.host_address`)."""
+    server = ThreadingHTTPServer((host, 0), SolverEndpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/v1", server
+    return f"http://{host}:{server.server_port}/v1", server

@@ -110,3 +110,45 @@ def test_a_provider_failing_one_call_is_retried_journaled_and_changes_no_verdict
     failed = [e for e in read_journal(journal) if e.error or e.status is None or e.status >= 400]
     assert len(failed) == 1, [(e.status, e.error) for e in failed]
     assert len(read_journal(journal)) == len(read_journal(next((clean_dir / "cells").glob("*/journal")))) + 1
+
+
+@pytest.mark.docker
+def test_a_harness_sandbox_killed_mid_instance_is_an_uncharged_fault_and_the_cell_goes_on(tmp_path):
+    """`docker kill` of a harness cell's sandbox container in the middle of an instance (hermes-agent
+    on the embedded model, which streams and offers tools as a provider does): the instance is
+    journaled as an infrastructure fault (nothing charged), the sandbox is started again from the
+    last snapshot, the instance reruns, every slot ends exactly once, and nothing is left behind."""
+    import threading
+    import time
+
+    from sandboxes.images import docker_client
+
+    run_dir = tmp_path / "runs" / "harness-killed"
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(GRID.format(learner="hermes-agent", engine="docker", url="embedded",
+                                                   timeout=600).replace("visits: 2", "visits: 1"))
+    killed = threading.Event()
+
+    def kill_mid_second_instance() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            found = list((run_dir / "cells").glob("*/events.jsonl"))
+            if found and any(e.type == "step" and e.slot == 1 for e in read_events(found[0])):
+                [record] = (run_dir / "cells").glob("*/sandbox.json")
+                docker_client().containers.get(json.loads(record.read_text())["container"]).kill()
+                killed.set()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_mid_second_instance, daemon=True)
+    watcher.start()
+    execute(run_dir, show_progress=False)
+    assert killed.is_set(), "the fault was never injected"
+    faulted = events(run_dir)
+    assert Counter(e.type for e in faulted)["infrastructure_fault"] == 1
+    assert not [e for e in faulted if e.type == "learner_error"]
+    assert sorted(e.slot for e in faulted if e.type == "instance_end") == [0, 1, 2]
+    assert any(e.type == "step" and e.outcome in ("demo", "correct", "incorrect") for e in faulted)
+    label = {"label": f"org.carc.run={run_dir.name}"}
+    client = docker_client()
+    assert not client.containers.list(all=True, filters=label) and not client.volumes.list(filters=label)

@@ -40,6 +40,7 @@ log = structlog.get_logger("carc.runner")
 MAX_TURNS_AFTER_OVER = 4
 # How often a cell's services are restarted after an infrastructure fault before the cell stops.
 INFRASTRUCTURE_RESTARTS = 2
+FAULT_SETTLE_S = 2.0  # after a learner error, the wait before the infrastructure is asked again
 
 
 class InfrastructureFault(RuntimeError):
@@ -270,6 +271,11 @@ class CellRunner:
             log.exception("learner_error", cell=self.cell.cell, slot=slot.index)
         if learner_error:
             fault = self.services.fault()
+            if not fault:
+                # A container being killed can end the harness's stream before the engine reports
+                # it stopped: asked once more after a moment, the engine gives the cause.
+                time.sleep(FAULT_SETTLE_S)
+                fault = self.services.fault()
             if fault:  # the failure was the infrastructure's: nothing is charged, the instance reruns
                 journal.append(self._event("infrastructure_fault", slot, step=step_no,
                                            error=f"{fault} (the learner saw: {learner_error[0]})"[:2000]))
