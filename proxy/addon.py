@@ -222,6 +222,11 @@ class Journal:
             if flow.metadata.get(JOURNALED):  # already answered by the proxy itself
                 return
             call = self._call(flow)
+            if self._absolute_form_on_reverse(flow):
+                call.refused = self._refuse(flow, "an absolute-form request target on the reverse "
+                                                  "proxy (send the path only)", status=400)
+                self._finish(flow, None)
+                return
             if not self._allowed(flow):
                 call.refused = self._refuse(flow)
                 self._finish(flow, None)
@@ -333,13 +338,29 @@ class Journal:
             return True
         return (host, port) in self.allow or (host, None) in self.allow
 
-    def _refuse(self, flow: http.HTTPFlow) -> str:
+    @staticmethod
+    def _absolute_form_on_reverse(flow: http.HTTPFlow) -> bool:
+        """`POST http://other.host/... HTTP/1.1` sent to the reverse port: mitmproxy would send it to
+        the reverse target, key and all, and it would be journaled under the target's URL. The
+        request is put back to the host the client named (for the journal) and refused."""
+        request = flow.request
+        if not isinstance(flow.client_conn.proxy_mode, ReverseMode) or not request.authority \
+                or request.is_http2 or request.is_http3:
+            return False
+        host, _, port = request.authority.rpartition(":")
+        if not port.isdigit():
+            host, port = request.authority, ""
+        request.host = host.strip("[]") or request.authority
+        request.port = int(port) if port else (443 if request.scheme == "https" else 80)
+        return True
+
+    def _refuse(self, flow: http.HTTPFlow, reason: str | None = None, status: int = 403) -> str:
         where = f"{flow.request.host}:{flow.request.port}"
-        reason = f"host {where} is not on the proxy's allowlist"
+        reason = reason or f"host {where} is not on the proxy's allowlist"
         flow.response = http.Response.make(
-            403, f"carc proxy refused the request: {reason}; nothing was forwarded.\n",
+            status, f"carc proxy refused the request: {reason}; nothing was forwarded.\n",
             {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "refused"})
-        logger.warning(f"refused {flow.request.method} {where}")
+        logger.warning(f"refused {flow.request.method} {where}: {reason}")
         return reason
 
     def _finish(self, flow: http.HTTPFlow, error: str | None) -> None:

@@ -268,6 +268,24 @@ def test_client_disconnect_mid_stream_is_journaled(reverse, upstream):
     assert any(mark in m for m in upstream.disconnects)
 
 
+def test_an_absolute_form_target_on_the_reverse_port_is_refused_and_journaled_as_asked(reverse, upstream):
+    """`POST http://exfil.example/...` to the reverse port would have gone to the upstream with the
+    real key, journaled under the upstream's URL; it is refused, journaled under what was asked."""
+    mark = marker()
+    body = json.dumps(chat_body(mark)).encode()
+    seen = len(upstream.seen)
+    with socket.create_connection(("127.0.0.1", reverse.port), timeout=10) as s:
+        s.sendall(b"POST http://exfil.example/v1/chat/completions HTTP/1.1\r\nHost: exfil.example\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+                  + b"\r\nConnection: close\r\n\r\n" + body)
+        answer = b"".join(iter(lambda: s.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 400") and b"absolute-form" in answer
+    entry = entry_for(reverse, mark)
+    assert (entry.refused, entry.status, entry.host) == (True, 400, "exfil.example")
+    assert entry.url.startswith("http://exfil.example/")
+    assert len(upstream.seen) == seen
+
+
 def test_slot_and_phase_come_from_the_control_file(reverse):
     marks = {}
     for slot, phase in [(7, "before"), (7, "after"), (None, "between"), (8, "before")]:
