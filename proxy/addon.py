@@ -35,6 +35,7 @@ if _ROOT not in sys.path:  # import siblings as `proxy.*`, wherever the folder w
 
 from mitmproxy import ctx, dns, exceptions, http  # noqa: E402
 from mitmproxy.net import encoding  # noqa: E402
+from mitmproxy.net.http import url  # noqa: E402
 from mitmproxy.net.http.http1 import assemble  # noqa: E402
 from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
 
@@ -223,6 +224,10 @@ class Journal:
                 return
             call = self._call(flow)
             if self._absolute_form_on_reverse(flow):
+                # journaled under the host the client named, not the reverse target
+                host, port = url.parse_authority(flow.request.authority, check=False)
+                flow.request.host = host
+                flow.request.port = port or (443 if flow.request.scheme == "https" else 80)
                 call.refused = self._refuse(flow, "an absolute-form request target on the reverse "
                                                   "proxy (send the path only)", status=400)
                 self._finish(flow, None)
@@ -341,18 +346,10 @@ class Journal:
     @staticmethod
     def _absolute_form_on_reverse(flow: http.HTTPFlow) -> bool:
         """`POST http://other.host/... HTTP/1.1` sent to the reverse port: mitmproxy would send it to
-        the reverse target, key and all, and it would be journaled under the target's URL. The
-        request is put back to the host the client named (for the journal) and refused."""
+        the reverse target, key and all, and it would be journaled under the target's URL."""
         request = flow.request
-        if not isinstance(flow.client_conn.proxy_mode, ReverseMode) or not request.authority \
-                or request.is_http2 or request.is_http3:
-            return False
-        host, _, port = request.authority.rpartition(":")
-        if not port.isdigit():
-            host, port = request.authority, ""
-        request.host = host.strip("[]") or request.authority
-        request.port = int(port) if port else (443 if request.scheme == "https" else 80)
-        return True
+        return (isinstance(flow.client_conn.proxy_mode, ReverseMode) and bool(request.authority)
+                and not (request.is_http2 or request.is_http3))
 
     def _refuse(self, flow: http.HTTPFlow, reason: str | None = None, status: int = 403) -> str:
         where = f"{flow.request.host}:{flow.request.port}"

@@ -39,6 +39,7 @@ from docker.utils.socket import STDERR, frames_iter
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
 from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
 from sandboxes.images import docker_client, machine_lock
+from sandboxes.networks import ipv4_subnets
 
 log = structlog.get_logger("carc.sandbox")
 
@@ -155,11 +156,7 @@ class DockerSandbox(SandboxEnvironment):
         """The proxy's CA at CA_PATH, written as the keeper: the harness (uid 1000) reads it but
         cannot write beside it, so /tmp/carc, which the wipe keeps, carries nothing from one
         instance to the next."""
-        result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", CA_PATH],
-                           input=self.proxy_ca(), timeout=60, user=KEEPER_USER)
-        if not result.ok:
-            raise SandboxError(f"{self.name}:{CA_PATH}: cannot write the proxy's CA: "
-                               f"{result.stderr.decode(errors='replace').strip()}")
+        self.write_file(CA_PATH, self.proxy_ca(), user=KEEPER_USER)
 
     def _start_proxy(self, proxy: ProxySpec):
         proxy.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -349,9 +346,9 @@ class DockerSandbox(SandboxEnvironment):
             raise FileNotFoundError(f"{self.name}:{path}: {result.stderr.decode(errors='replace').strip()}")
         return result.stdout
 
-    def write_file(self, path: str, data: bytes | str) -> None:
+    def write_file(self, path: str, data: bytes | str, user: str | None = None) -> None:
         result = self.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path],
-                           input=data, timeout=60)
+                           input=data, timeout=60, user=user)
         if not result.ok:
             raise SandboxError(f"{self.name}:{path}: cannot write: "
                                f"{result.stderr.decode(errors='replace').strip()}")
@@ -572,12 +569,9 @@ def pinned_address(network) -> str | None:
     handing out from the bottom, gives nobody else; fixed, so a restarted proxy keeps it. None
     when the engine does not report the subnet (then the sandbox keeps Docker's resolver alone,
     whose lookups of outside names time out instead of failing at once)."""
-    for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
-        subnet = config.get("Subnet")
-        if subnet:
-            net = ipaddress.ip_network(subnet, strict=False)
-            if net.version == 4 and net.num_addresses >= 8:
-                return str(net.broadcast_address - 1)
+    for subnet in ipv4_subnets(network.attrs):
+        if subnet.num_addresses >= 8:
+            return str(subnet.broadcast_address - 1)
     return None
 
 
