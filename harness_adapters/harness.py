@@ -23,7 +23,7 @@ from harness_adapters.base import InstanceView, Learner, Turn
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Outcome
 from orchestrator.rows import row
-from sandboxes.environment import SandboxEnvironment, StateVolume
+from sandboxes.environment import LeftOut, SandboxEnvironment, StateVolume
 from sandboxes.images import Recipe
 
 PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
@@ -164,8 +164,8 @@ class HarnessState:
         self.sandbox.wipe()
         self.prepare()
 
-    def snapshot(self, dest: Path) -> None:
-        self.sandbox.snapshot(dest)
+    def snapshot(self, dest: Path) -> list[LeftOut]:
+        return self.sandbox.snapshot(dest)
 
     def restore(self, source: Path | None) -> None:
         self._halt()

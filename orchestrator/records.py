@@ -145,6 +145,9 @@ class SandboxRecord(JsonRecord):
     format: int = RECORDS_FORMAT
 
 
+SNAPSHOT_LEFT_OUT_KEPT = 50
+
+
 class Event(BaseModel):
     """One line of `events.jsonl`. Fields not relevant to a type are left out of the line."""
 
@@ -186,6 +189,10 @@ class Event(BaseModel):
     wall_s: float | None = None
     error: str | None = None
     failure_kind: FailureKind | None = None  # instance_end of a failed instance, and learner_error
+    # instance_end: files of the learner's state its snapshot did not keep ("path<TAB>bytes<TAB>why",
+    # at most SNAPSHOT_LEFT_OUT_KEPT of them; `snapshot_left_out_n` counts them all)
+    snapshot_left_out: list[str] | None = None
+    snapshot_left_out_n: int | None = None
 
     def line(self) -> str:
         """The event as one JSON line. Never fails on a string a learner sent: text that UTF-8

@@ -37,7 +37,7 @@ from docker.types import Mount
 from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
-from sandboxes.environment import ExecResult, SandboxEnvironment, SandboxError
+from sandboxes.environment import ExecResult, LeftOut, SandboxEnvironment, SandboxError
 from sandboxes.images import docker_client, machine_lock
 from sandboxes.networks import ipv4_subnets
 
@@ -55,7 +55,9 @@ CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16
 LABEL_RUN = "org.carc.run"
 LABEL_CELL = "org.carc.cell"
 LABEL_ROLE = "org.carc.role"
-SNAPSHOT_TRUNCATED = ".carc-snapshot-truncated"  # in a snapshot: the files the size cap left out
+# Paths at least this long are listed before a snapshot: the engine's archive silently drops a
+# path whose host-side name passes PATH_MAX (4096), and the volume's host prefix takes ~100 of it.
+LONG_PATH = 3000
 
 
 @dataclass(frozen=True)
@@ -388,35 +390,49 @@ class DockerSandbox(SandboxEnvironment):
         if self.spec.proxy is not None:
             self._install_ca()
 
-    def snapshot(self, dest: Path) -> None:
+    def snapshot(self, dest: Path) -> list[LeftOut]:
         """The state volume as `dest` (tar.gz of `./...`), read through the engine's archive API:
         as the engine, so no mode the harness set (chmod 000) and no process filling the pids
         limit stops it; streamed to disk, so memory stays flat; and bounded - file content past
-        `limits.snapshot_bytes` is left out (listed in `.carc-snapshot-truncated` inside the
-        archive), and a snapshot taking longer than `limits.snapshot_s` fails with the reason.
+        `limits.snapshot_bytes` is left out, and a snapshot taking longer than `limits.snapshot_s`
+        fails with the reason. Returns what was left out (by the cap, or a path too long for the
+        engine to read), for the cell's records; the archive itself holds only the harness's files.
 
         A harness's own processes (a gateway, a daemon) may be writing a database right now:
         they are frozen (SIGSTOP, every uid-1000 process) while the engine reads, so the archive
         is one point in time, as after a crash (SQLite's WAL recovers from that)."""
         if self.container is None:
             raise SandboxError(f"{self.name}: snapshot before start() or after teardown()")
-        frozen = self._signal_harness("STOP")
+        # In the same exec as the freeze: the paths the engine's archive may drop without a word.
+        frozen, long_paths = self._signal_harness(
+            "STOP", f"find {self.state_path} -mindepth 1 -regextype posix-extended "
+                    f"-regex '.{{{LONG_PATH},}}' -print0 2>/dev/null | head -c 4000000")
         try:
-            self._archive_state(dest)
+            left_out = self._archive_state(dest)
         finally:
             if frozen:
                 self._signal_harness("CONT")
+        prefix = self.state_path + "/"
+        kept = _archive_names(dest) if long_paths else set()
+        for raw in long_paths:
+            name = "./" + raw.decode("utf-8", "surrogateescape").removeprefix(prefix)
+            if name not in kept:
+                left_out.append(LeftOut(name, None, "path longer than the engine's archive reads (PATH_MAX)"))
+        if left_out:
+            log.warning("snapshot_left_out", sandbox=self.name, files=len(left_out))
+        return left_out
 
-    def _signal_harness(self, signal_name: str) -> bool:
+    def _signal_harness(self, signal_name: str, then: str = "true") -> tuple[bool, list[bytes]]:
+        """Signal every harness process, then run `then` (its stdout split on NUL)."""
         try:
             # No `timeout` wrapper: it runs as uid 1000 too, and `kill -STOP -1` would stop it.
-            result = self.exec(["sh", "-c", f"kill -{signal_name} -1 2>/dev/null; true"])
+            result = self.exec(["sh", "-c", f"kill -{signal_name} -1 2>/dev/null; {then}"])
         except SandboxError as exc:  # e.g. no process can start (pids limit): read unfrozen
             log.warning("snapshot_signal_failed", sandbox=self.name, signal=signal_name, error=str(exc))
-            return False
-        return result.ok
+            return False, []
+        return result.ok, [p for p in result.stdout.split(b"\0") if p]
 
-    def _archive_state(self, dest: Path) -> None:
+    def _archive_state(self, dest: Path) -> list[LeftOut]:
         limits = self.spec.limits
         started = time.monotonic()
         try:
@@ -434,25 +450,19 @@ class DockerSandbox(SandboxEnvironment):
                         continue
                     if member.isfile():
                         if kept + member.size > limits.snapshot_bytes:
-                            left_out.append(f"{member.name}\t{member.size}")
+                            left_out.append(LeftOut(member.name, member.size, "over the snapshot cap "
+                                                    f"of {limits.snapshot_bytes} bytes (grid limits.snapshot_mb)"))
                             continue
                         kept += member.size
                         out.addfile(member, archive.extractfile(member))
                     else:
                         out.addfile(member)
-                if left_out:
-                    note = (f"carc left out {len(left_out)} file(s) past the snapshot cap of "
-                            f"{limits.snapshot_bytes} bytes (grid limits.snapshot_mb):\n" + "\n".join(left_out) + "\n").encode()
-                    info = tarfile.TarInfo("./" + SNAPSHOT_TRUNCATED)
-                    info.size, info.mtime = len(note), int(time.time())
-                    out.addfile(info, io.BytesIO(note))
-                    log.warning("snapshot_truncated", sandbox=self.name, files=len(left_out),
-                                cap=limits.snapshot_bytes)
         except (tarfile.TarError, OSError, TimeoutError, docker.errors.APIError) as exc:
             tmp.unlink(missing_ok=True)
             raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed after "
                                f"{time.monotonic() - started:.0f} s: {exc}") from None
         tmp.replace(dest)
+        return left_out
 
     def restore(self, source: Path | None) -> None:
         self.wipe()
@@ -650,6 +660,11 @@ class _ChunkReader(io.RawIOBase):
         n = min(len(target), len(self.buffer))
         target[:n], self.buffer = self.buffer[:n], self.buffer[n:]
         return n
+
+
+def _archive_names(path: Path) -> set[str]:
+    with tarfile.open(path, "r:gz") as archive:
+        return {member.name for member in archive}
 
 
 def _relative_member(name: str) -> str | None:

@@ -29,6 +29,19 @@ class ExecResult:
         return self.stdout.decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A file of the state that a snapshot did not keep, and why (the cap, a path the engine
+    cannot read); the runner records these with the instance, so nothing is lost silently."""
+
+    path: str  # as in the archive, `./...`
+    size: int | None  # bytes, when known
+    why: str
+
+    def line(self) -> str:
+        return f"{self.path}\t{'' if self.size is None else self.size}\t{self.why}"
+
+
 class StateVolume(Protocol):
     """What the runner needs of a learner's state: a host folder (ladder) or a sandbox volume.
 
@@ -37,7 +50,7 @@ class StateVolume(Protocol):
 
     def wipe(self) -> None: ...
 
-    def snapshot(self, dest: Path) -> None: ...
+    def snapshot(self, dest: Path) -> list[LeftOut]: ...
 
     def restore(self, source: Path | None) -> None: ...
 
@@ -97,8 +110,9 @@ class SandboxEnvironment(abc.ABC):
         """Stop every learner process and empty the state volume (memory-off rows)."""
 
     @abc.abstractmethod
-    def snapshot(self, dest: Path) -> None:
-        """Write the state volume as a .tar.gz (members relative to the volume root)."""
+    def snapshot(self, dest: Path) -> list[LeftOut]:
+        """Write the state volume as a .tar.gz (members relative to the volume root); return
+        what it had to leave out."""
 
     @abc.abstractmethod
     def restore(self, source: Path | None) -> None:

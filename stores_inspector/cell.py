@@ -161,7 +161,17 @@ def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
             instance.end_t, instance.status, instance.cost = event.t, event.status, event.cost
             instance.demos_used, instance.first_submit_demos = event.demos_used, event.first_submit_demos
             instance.first_answer_correct = event.first_answer_correct
+            if event.snapshot_left_out_n:
+                shown = "; ".join(f"{_shorten(line.split(chr(9))[0])} ({line.split(chr(9))[-1]})"
+                                  for line in (event.snapshot_left_out or [])[:3])
+                problems.add(f"snapshots/{event.slot:05d}.tar.gz",
+                             f"carc left {event.snapshot_left_out_n} file(s) of the state out of this "
+                             f"snapshot, e.g. {shown}: what the inspector says of them is unknown")
     return instances
+
+
+def _shorten(path: str, keep: int = 60) -> str:
+    return path if len(path) <= 2 * keep else f"{path[:keep]}…{path[-keep:]}"
 
 
 def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:

@@ -216,17 +216,17 @@ def hostile(base_image, client, run_id):
 def test_hostile_state_is_snapshotted_capped_wiped_and_restored_without_following_anything(hostile, tmp_path):
     dest = tmp_path / "cells" / "snapshots" / "00000.tar.gz"
     dest.parent.mkdir(parents=True)
-    hostile.snapshot(dest)
+    left_out = hostile.snapshot(dest)
     with tarfile.open(dest) as archive:
         members = {m.name: m for m in archive.getmembers()}
-        note = archive.extractfile("./.carc-snapshot-truncated").read().decode()
         assert archive.extractfile("./u/locked").read() == b"secret"  # read whatever its mode
     assert members["./u/locked"].mode & 0o777 == 0
     assert members["./rootlink"].issym() and members["./rootlink"].linkname == "/"
     assert members["./pw"].issym() and members["./escape"].issym()  # kept as links, never followed
     assert members["./fifo"].isfifo()
     assert "./bad-\udcff\udcfe.txt" in members  # tarfile's surrogateescape of the raw bytes
-    assert "./sparse" not in members and "./sparse\t1073741824" in note  # past the 64 MiB cap
+    assert "./sparse" not in members  # past the 64 MiB cap, and said so
+    assert [(e.path, e.size) for e in left_out] == [("./sparse", 1 << 30)] and "limits.snapshot_mb" in left_out[0].why
     assert members["./random"].size == 2_000_000
     assert dest.stat().st_size < 8 << 20
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["00000.tar.gz", "cells", "snapshots"]
@@ -236,6 +236,27 @@ def test_hostile_state_is_snapshotted_capped_wiped_and_restored_without_followin
     listing = hostile.exec(["sh", "-c", "cd /state && stat -c '%n %a %F' u/locked ro rootlink fifo"]).text()
     assert "u/locked 0 regular" in listing and "ro 555 directory" in listing
     assert "rootlink 777 symbolic link" in listing and "fifo 644 fifo" in listing
+
+
+def test_a_tree_deeper_than_path_max_is_named_as_left_out_and_the_rest_kept_and_restored(hostile, tmp_path):
+    """The engine's archive drops a path whose host name passes PATH_MAX without a word; the
+    snapshot finds such paths itself, names each one as left out, keeps everything else, and the
+    restore of what it kept works."""
+    made = hostile.exec(["python3", "-c", (
+        "import os\nos.chdir('/state/deep')\n"
+        "for _ in range(50):\n    os.mkdir('d' * 100); os.chdir('d' * 100)\n"
+        "open('leaf', 'w').write('deep')\nprint(len(os.getcwd()))")])
+    assert made.ok and int(made.text()) > 4096, made.stderr
+    dest = tmp_path / "deep.tar.gz"
+    left_out = hostile.snapshot(dest)
+    with tarfile.open(dest) as archive:
+        names = set(archive.getnames())
+    missing = [e.path for e in left_out if "PATH_MAX" in e.why]
+    assert any(p.endswith("/leaf") for p in missing) and not set(missing) & names
+    assert {"./u/locked", "./random", "./deep/" + "d" * 100} <= names
+    hostile.restore(dest)
+    assert hostile.exec(["cat", "/state/u/locked"]).ok is False  # mode 000 kept (uid 1000 cannot read)
+    assert hostile.exec(["sh", "-c", "test -d /state/deep/" + "d" * 100 + " && test -f /state/random"]).ok
 
 
 def test_a_snapshot_works_while_detached_children_fill_the_pids_limit(hostile, tmp_path):

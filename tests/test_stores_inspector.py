@@ -389,9 +389,12 @@ def test_a_name_that_is_not_utf8_and_a_climbing_member_do_not_stop_carc_inspect(
     (folder / "snapshots").mkdir(parents=True)
     (folder / "cell.json").write_text(json.dumps({"cell": folder.name, "learner": "my-agent", "row": "memory-on"}))
     event = {"cell": folder.name, "slot": 0, "phase": "stream", "task": TASK_A, "visit": 0, "exposure": 0}
+    deep = "./deep/" + "d/" * 2100 + "leaf"
     (folder / "events.jsonl").write_text(json.dumps({"type": "instance_start", "t": T0, **event}) + "\n" +
                                          json.dumps({"type": "instance_end", "t": T0 + 5, "status": "solved",
-                                                     "cost": 1, **event}) + "\n")
+                                                     "cost": 1, "snapshot_left_out_n": 1, "snapshot_left_out": [
+                                                         f"{deep}\t\tpath longer than the engine's archive reads (PATH_MAX)"],
+                                                     **event}) + "\n")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for name in (b"./bad-\xff\xfe.txt".decode("utf-8", "surrogateescape"), "./../escaped.db", "./notes.md"):
@@ -404,6 +407,8 @@ def test_a_name_that_is_not_utf8_and_a_climbing_member_do_not_stop_carc_inspect(
     assert result.exit_code == 0, result.output
     timeline = (tmp_path / "inspect" / "timeline.csv").read_text(encoding="utf-8")
     assert "bad-\\xff\\xfe.txt" in timeline
+    account = (tmp_path / "inspect" / "inspect.md").read_text(encoding="utf-8")
+    assert "carc left 1 file(s) of the state out of this snapshot" in account and "PATH_MAX" in account
     volume = Volume.read(0, folder / "snapshots" / "00000.tar.gz", Problems("c"))
     problems = Problems("c")
     volume.extract(["../escaped.db"], tmp_path / "unpacked", problems)

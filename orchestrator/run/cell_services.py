@@ -25,7 +25,7 @@ from orchestrator.prompts import PromptSet
 from orchestrator.records import CellPaths, SandboxRecord
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
 from proxy.host import CONTROL_FILE
-from sandboxes.environment import StateVolume
+from sandboxes.environment import LeftOut, StateVolume
 
 
 class HostStateDir:
@@ -39,11 +39,12 @@ class HostStateDir:
         shutil.rmtree(self.path)
         self.path.mkdir()
 
-    def snapshot(self, dest: Path) -> None:
+    def snapshot(self, dest: Path) -> list[LeftOut]:
         tmp = dest.with_suffix(".tmp")
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(self.path, arcname=".")
         tmp.replace(dest)
+        return []  # the ladder's own files: nothing is ever left out
 
     def restore(self, source: Path | None) -> None:
         self.wipe()

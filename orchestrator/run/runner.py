@@ -26,8 +26,8 @@ from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, InstanceProtocol, Malformed,
                                    MalformedReply, Outcome, Refused, Verdict, extract_action)
-from orchestrator.records import (RECORDS_FORMAT, CellPaths, Event, EventLog, RecordsUnwritable, read_events,
-                                  truncate_torn_tail)
+from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellPaths, Event, EventLog,
+                                  RecordsUnwritable, read_events, truncate_torn_tail)
 from orchestrator.run.cell_services import cell_services, ladder_learner
 from orchestrator.run.grid_config import Cell, GridConfig
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
@@ -293,7 +293,7 @@ class CellRunner:
             log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
             journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
         self.paths.transcript(slot.index).write_text(json.dumps(learner.transcript(), indent=1))
-        self.services.state.snapshot(self.paths.snapshot(slot.index))
+        left_out = [entry.line() for entry in self.services.state.snapshot(self.paths.snapshot(slot.index))]
         try:  # a harness's logs (also those outside the volume), per instance
             self.services.state.collect_logs(self.paths.slot_logs(slot.index))
         except Exception as exc:  # a lost log must not lose the verdict
@@ -309,4 +309,5 @@ class CellRunner:
             first_answer_correct=protocol.first_answer_correct,
             wall_s=round(time.monotonic() - start, 4), model_calls=usage.calls,
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            model_s=round(usage.seconds, 4), cost_usd=usage.usd))
+            model_s=round(usage.seconds, 4), cost_usd=usage.usd,
+            snapshot_left_out=left_out[:SNAPSHOT_LEFT_OUT_KEPT] or None, snapshot_left_out_n=len(left_out) or None))
