@@ -18,6 +18,15 @@ Scenarios:
              the model endpoint fails one call mid-run as a provider does (a hang outlasts the
              grid's 10 s model timeout); the ladder client retries it, so the verdicts must equal
              the clean run's, and the journal must hold the failed attempt ("journal errors")
+  harness-killed, harness-hangs, harness-exits, harness-fork-bomb, harness-memory-hog
+             a hermes-agent cell (memory-on, on the embedded model, wall clock 120 s per instance)
+             faulted after the first model call of its second instance: the sandbox container
+             `docker kill`ed (infrastructure: never charged, the instance reruns, the verdicts must
+             equal the clean run's), or, as the sandbox user, every harness process stopped
+             (SIGSTOP) or killed, a fork bomb, a process that touches 8 GiB. The harness faults are
+             the learner's own: that instance may fail, with its reason ("fault verdict"); every
+             later instance must still run and end. "host lag" is the worst delay of a 50 ms timer
+             on the host while the fault ran.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -58,6 +68,25 @@ sandbox: {{engine: docker}}
 model: {{endpoint: '{url}', name: carc-solver, timeout_s: 10}}
 """
 UPSTREAM = [f"upstream-{kind}" for kind in UPSTREAM_FAULTS]
+HARNESS_GRID = """\
+name: harness-faults
+seed: 2
+track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+efforts: [low]
+learners: [hermes-agent]
+workers: 1
+limits: {wall_clock_s: 120}
+model: {endpoint: embedded, name: carc-solver}
+"""
+# run in the harness's sandbox as its own user (uid 1000), detached, as a tool call of the harness would
+HARNESS_FAULTS = {
+    "harness-killed": None,  # `docker kill` of the sandbox container, from the host
+    "harness-hangs": "kill -STOP -1",
+    "harness-exits": "kill -KILL -1",
+    "harness-fork-bomb": "bomb() { bomb | bomb & }; bomb",
+    "harness-memory-hog": "python3 -c 'x = bytearray(b\"\\1\") * (8 << 30)'",
+}
 
 
 def new_run(root: Path, name: str, url: str) -> Path:
@@ -85,9 +114,10 @@ def leaks(run_id: str) -> int:
 
 def compare(clean: dict, run_dir: Path, injected: int, finished: bool) -> dict:
     got = verdicts(run_dir)
-    lost = sum(len(set(v) - set(got.get(c, []))) for c, v in clean.items())
+    ended = {c: {slot for slot, *_ in v} for c, v in got.items()}
+    lost = sum(1 for c, v in clean.items() for slot, *_ in v if slot not in ended.get(c, set()))
     double = sum(n - 1 for c in got.values() for n in Counter(slot for slot, *_ in c).values() if n > 1)
-    differ = sum(1 for c, v in clean.items() for a, b in zip(v, got.get(c, [])) if a != b)
+    differ = sum(1 for c, v in clean.items() for a in v if a not in got.get(c, []))
     faults = sum(1 for cell in (run_dir / "cells").iterdir() if (cell / "events.jsonl").exists()
                  for e in read_events(cell / "events.jsonl") if e.type == "infrastructure_fault")
     journal_errors = sum(1 for journal in (run_dir / "cells").glob("*/journal/journal.jsonl")
@@ -173,27 +203,91 @@ def disk(root: Path, url: str, clean: dict) -> dict:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def harness_fault(root: Path, name: str, clean: dict) -> dict:
+    """A hermes-agent cell faulted after the first model call of its second instance."""
+    from sandboxes.docker_sandbox import SANDBOX_USER
+    from sandboxes.images import docker_client
+    run_dir = root / name
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(HARNESS_GRID)
+    injected, lag = threading.Event(), [0.0]
+
+    def inject() -> None:
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline and not injected.is_set():
+            journal = next((run_dir / "cells").glob("*/journal/journal.jsonl"), None)
+            if journal is not None and any(e.slot == 1 for e in read_journal(journal)):
+                [record] = (run_dir / "cells").glob("*/sandbox.json")
+                container = docker_client().containers.get(json.loads(record.read_text())["container"])
+                if HARNESS_FAULTS[name] is None:
+                    container.kill()
+                else:
+                    container.exec_run(["sh", "-c", HARNESS_FAULTS[name]], user=SANDBOX_USER, detach=True)
+                injected.set()
+                watch_host(lag, stop_after=60)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=inject, daemon=True).start()
+    try:
+        execute(run_dir, show_progress=False)
+        finished = True
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        console.print(f"[red]{name}: {exc}")
+        finished = False
+    row = compare(clean, run_dir, int(injected.is_set()), finished)
+    [cell] = (run_dir / "cells").iterdir()
+    ends = [e for e in read_events(cell / "events.jsonl") if e.type == "instance_end" and e.slot == 1]
+    row["note"] = ("fault verdict: " + ", ".join(f"{e.status} {e.cost} {e.failure_kind or ''} "
+                                                 f"{(e.reason or '')[:60]}".strip() for e in ends)
+                   + f"; host lag {lag[0]:.2f} s")
+    return row
+
+
+def watch_host(lag: list[float], stop_after: float, tick: float = 0.05) -> None:
+    """The worst lateness of a `tick` timer on the host over `stop_after` seconds."""
+    end = time.monotonic() + stop_after
+    while time.monotonic() < end:
+        before = time.monotonic()
+        time.sleep(tick)
+        lag[0] = max(lag[0], time.monotonic() - before - tick)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--scenario", action="append",
-                        choices=["sigkill", "proxy", "container", "disk", *UPSTREAM])
+                        choices=["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS])
     args = parser.parse_args()
-    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk", *UPSTREAM]
+    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS]
+    ladder = [s for s in scenarios if s not in HARNESS_FAULTS]
     url, _ = serve()
     with tempfile.TemporaryDirectory(prefix="carc-faults-") as tmp:
         root = Path(tmp)
-        started = time.monotonic()
-        reference = new_run(root, "clean", url)
-        SolverEndpoint.arm(None)
-        execute(reference, show_progress=False)
-        clean, calls = verdicts(reference), SolverEndpoint.calls
-        console.print(f"clean run: {sum(map(len, clean.values()))} instances, {calls} model calls, "
-                      f"{time.monotonic() - started:.0f} s")
+        clean = calls = harness_clean = None
+        if ladder:
+            started = time.monotonic()
+            reference = new_run(root, "clean", url)
+            SolverEndpoint.arm(None)
+            execute(reference, show_progress=False)
+            clean, calls = verdicts(reference), SolverEndpoint.calls
+            console.print(f"clean run: {sum(map(len, clean.values()))} instances, {calls} model calls, "
+                          f"{time.monotonic() - started:.0f} s")
+        if len(ladder) < len(scenarios):
+            started = time.monotonic()
+            reference = root / "harness-clean"
+            (reference / "cells").mkdir(parents=True)
+            (reference / "grid.yaml").write_text(HARNESS_GRID)
+            execute(reference, show_progress=False)
+            harness_clean = verdicts(reference)
+            console.print(f"clean harness run: {sum(map(len, harness_clean.values()))} instances, "
+                          f"{time.monotonic() - started:.0f} s")
         rows = {}
         for name in scenarios:
             t0 = time.monotonic()
-            if name == "sigkill":
+            if name in HARNESS_FAULTS:
+                rows[name] = harness_fault(root, name, harness_clean)
+            elif name == "sigkill":
                 rows[name] = sigkill(root, url, clean, args.kills)
             elif name == "proxy":
                 rows[name] = injected_at_call(root, "proxy", url, clean, calls, kill_proxy)

@@ -29,7 +29,8 @@ def sort_of(path: str, volume: Volume) -> str:
 
 
 def file_diff(before: dict[str, FileInfo], after: Volume) -> list[dict[str, Any]]:
-    """created / changed / deleted files between two snapshots, with size and mtime."""
+    """created / changed / deleted files between two snapshots, with size and mtime (no
+    deletion from a snapshot that could not be read whole: the file may be in its unread part)."""
     rows = []
     for path, info in after.files.items():
         old = before.get(path)
@@ -37,7 +38,7 @@ def file_diff(before: dict[str, FileInfo], after: Volume) -> list[dict[str, Any]
             rows.append({"path": path, "change": "created" if old is None else "changed",
                          "size": info.size, "size_before": None if old is None else old.size,
                          "mtime": info.mtime, "sort": sort_of(path, after)})
-    for path, old in before.items():
+    for path, old in before.items() if after.complete else ():
         if path not in after.files:
             rows.append({"path": path, "change": "deleted", "size": None, "size_before": old.size,
                          "mtime": None, "sort": "deleted"})

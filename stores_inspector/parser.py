@@ -9,6 +9,7 @@ out of a system prompt. Anything it does not know falls to the file-level fallba
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -71,7 +72,13 @@ def shell_writes(command: str) -> bool:
 
 
 def matches(path: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+    return _pattern(patterns).match(path) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """The shell patterns as one compiled regex: a volume of 200,000 files asks this per file."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or "(?!)")
 
 
 def entries_by_occurrence(texts: list[str], prefix: str, kind: str, path: str) -> dict[str, Artifact]:

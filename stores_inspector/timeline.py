@@ -12,6 +12,7 @@ verdict time is used, and `evidence` says so.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -24,9 +25,11 @@ from stores_inspector.parser import Artifact, HarnessParser, strings
 from stores_inspector.reading import Problems
 from stores_inspector.volume import Volume, snapshot_paths
 
+MAX_ATTRIBUTED = 5_000  # changes per snapshot searched for in the journal; the rest are listed only
 SWEEP_GAP_S = 120.0  # calls of one dreaming sweep come within this many seconds of each other
 TIMELINE_COLUMNS = ["cell", "slot", "task", "visit", "change", "kind", "artifact", "path", "mechanism", "when",
                     "when_from", "evidence", "names_task", "names_own_task", "named_by", "excerpt", "chars"]
+FILE_COLUMNS = ["cell", "slot", "task", "visit", "path", "change", "size", "size_before", "mtime", "sort"]
 RUN_COLUMNS = ["cell", "slot", "phase", "mechanism", "calls", "writes", "before_verdict", "t_start"]
 
 
@@ -101,21 +104,32 @@ def _when_from_mtime(volume: Volume, artifact: Artifact, instance: Instance | No
     return "after" if info.mtime > instance.verdict_t + 1 else "at the verdict (1 s)"
 
 
-def attribute(artifact: Artifact, candidates: list[Call], parser: HarnessParser, volume: Volume,
-              instance: Instance | None, first_snapshot: bool, deleted: bool) -> tuple[str, str, str, str]:
-    """(mechanism, when, when_from, evidence) of one change."""
+@dataclass
+class Write:
+    """A write tool call of the window, read once for every change it may explain."""
+
+    call: Call
+    tool: str
+    texts: list[str]
+
+
+def window_writes(candidates: list[Call], parser: HarnessParser) -> list[Write]:
+    return [Write(call, parser.tool(tool).name, list(strings(parser.tool(tool).args)))
+            for call in candidates for tool in call.tool_calls if parser.writes(tool)]
+
+
+def attribute(artifact: Artifact, candidates: list[Call], writes: list[Write], parser: HarnessParser,
+              volume: Volume, instance: Instance | None, first_snapshot: bool,
+              deleted: bool) -> tuple[str, str, str, str]:
+    """(mechanism, when, when_from, evidence) of one change; `writes` are the candidates' writes."""
     if deleted and instance is not None and instance.wiped_before:
         return "wipe", "between", "schedule", "carc empties the state before every instance of this row"
     needles = _needles(artifact, deleted)
-    for call in candidates:
-        for tool in call.tool_calls:
-            if not parser.writes(tool):
-                continue
-            texts = list(strings(parser.tool(tool).args))
-            if any(n in t for n in needles for t in texts):
-                mechanism = "agent tool call" if call.mechanism == "agent" else call.mechanism
-                return (mechanism, call.phase or "unknown", "journal",
-                        f"journal call {call.entry.id[:8]}: {parser.tool(tool).name}")
+    for write in writes:
+        if any(n in t for n in needles for t in write.texts):
+            call = write.call
+            mechanism = "agent tool call" if call.mechanism == "agent" else call.mechanism
+            return (mechanism, call.phase or "unknown", "journal", f"journal call {call.entry.id[:8]}: {write.tool}")
     when = "unknown" if deleted else _when_from_mtime(volume, artifact, instance)
     when_from = "unknown" if when == "unknown" else "mtime"
     known = parser.default_mechanism(artifact, first_snapshot)
@@ -133,20 +147,23 @@ def attribute(artifact: Artifact, candidates: list[Call], parser: HarnessParser,
     return mechanism, when, when_from, evidence
 
 
-def _changes(before: dict[str, Artifact], after: dict[str, Artifact], wiped: bool) -> list[tuple[str, Artifact]]:
-    """(change, artifact) between two snapshots; after a wipe everything now there is new."""
+def _changes(before: dict[str, Artifact], after: dict[str, Artifact], wiped: bool,
+             complete: bool = True) -> list[tuple[str, Artifact]]:
+    """(change, artifact) between two snapshots; after a wipe everything now there is new, and a
+    snapshot not read whole (`complete` False) deletes nothing."""
     if wiped:
         return [("deleted", a) for a in before.values()] + [("created", a) for a in after.values()]
     return ([("created", a) for k, a in after.items() if k not in before]
             + [("changed", a) for k, a in after.items() if k in before and before[k].text != a.text]
-            + [("deleted", a) for k, a in before.items() if k not in after])
+            + [("deleted", a) for k, a in before.items() if complete and k not in after])
 
 
 def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial, calls: list[Call],
           problems: Problems) -> tuple[pd.DataFrame, pd.DataFrame, Volume | None]:
-    """(files, timeline, last volume) of a cell."""
-    file_rows: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
+    """(files, timeline, last volume) of a cell. Each snapshot's rows become a frame at once: a
+    volume of 200,000 files would otherwise hold 200,000 row dicts per table until the end."""
+    file_frames: list[pd.DataFrame] = []
+    frames: list[pd.DataFrame] = []
     before: Volume | None = None
     artifacts_before: dict[str, Artifact] = {}
     window_start = float("-inf")
@@ -157,15 +174,28 @@ def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial,
         task, visit = (instance.task, instance.visit) if instance else (None, None)
         window_end = instance.end_t if instance and instance.end_t else float("inf")
         candidates = calls[bisect.bisect_right(times, window_start):bisect.bisect_right(times, window_end)]
-        for row in file_diff(before.files if before else {}, volume):
-            file_rows.append({"cell": records.name, "slot": slot, "task": task, "visit": visit, **row})
+        file_rows = [{"cell": records.name, "slot": slot, "task": task, "visit": visit, **row}
+                     for row in file_diff(before.files if before else {}, volume)]
+        file_frames.append(pd.DataFrame(file_rows, columns=FILE_COLUMNS))
+        del file_rows
+        rows: list[dict[str, Any]] = []
         with problems.guard(f"snapshots/{path.name}", "artifacts could not be parsed"):
             artifacts = parser.kept(volume, problems)
             wiped = instance is not None and instance.wiped_before
-            changes = _changes(artifacts_before, artifacts, wiped)
-            for change, artifact in changes:
-                mechanism, when, when_from, evidence = attribute(
-                    artifact, candidates, parser, volume, instance, before is None or wiped, change == "deleted")
+            changes = _changes(artifacts_before, artifacts, wiped, volume.complete)
+            writes = window_writes(candidates, parser)
+            if len(changes) > MAX_ATTRIBUTED:
+                problems.add(f"snapshots/{path.name}",
+                             f"{len(changes):,} changes after this instance: the first {MAX_ATTRIBUTED:,} are "
+                             "attributed to a mechanism, the rest are listed as 'not attributed'")
+            for n, (change, artifact) in enumerate(changes):
+                if n < MAX_ATTRIBUTED:
+                    mechanism, when, when_from, evidence = attribute(
+                        artifact, candidates, writes, parser, volume, instance, before is None or wiped,
+                        change == "deleted")
+                else:
+                    mechanism, when, when_from, evidence = ("not attributed", "unknown", "unknown",
+                                                            f"past the first {MAX_ATTRIBUTED:,} changes")
                 named = material.named(artifact.text)
                 first = next(iter(named), None)
                 rows.append({"cell": records.name, "slot": slot, "task": task, "visit": visit,
@@ -177,8 +207,12 @@ def build(records: InspectedCell, parser: HarnessParser, material: TaskMaterial,
                              "excerpt": material.excerpt(artifact.text, first or "\0"),
                              "chars": len(artifact.text)})
             artifacts_before = artifacts
+        frames.append(pd.DataFrame(rows, columns=TIMELINE_COLUMNS))
         before = volume
         window_start = window_end
-    return (pd.DataFrame(file_rows, columns=["cell", "slot", "task", "visit", "path", "change", "size",
-                                             "size_before", "mtime", "sort"]),
-            pd.DataFrame(rows, columns=TIMELINE_COLUMNS), before)
+    return _concat(file_frames, FILE_COLUMNS), _concat(frames, TIMELINE_COLUMNS), before
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=columns)

@@ -19,6 +19,7 @@ from orchestrator.records import CellPaths
 from stores_inspector.reading import Problems
 
 TEXT_LIMIT = 2_000_000  # bytes; larger files are hashed, not kept
+MAX_MEMBERS = 500_000  # entries read per snapshot (~2.7 KB of memory each while inspecting)
 CHUNK = 1 << 20
 
 
@@ -45,14 +46,21 @@ class Volume:
     source: Path | None
     files: dict[str, FileInfo] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)
+    complete: bool = True  # False: reading stopped early, so a file not listed may still be there
 
     @classmethod
     def read(cls, slot: int, path: Path, problems: Problems) -> "Volume":
-        """Every member of a snapshot; a truncated archive keeps the members before the damage."""
+        """Every member of a snapshot; a truncated archive keeps the members before the damage,
+        and a snapshot of more than MAX_MEMBERS entries is read that far."""
         volume = cls(slot, path)
         try:
             with tarfile.open(path, "r:*") as tar:
-                for member in tar:
+                for n, member in enumerate(tar):
+                    if n == MAX_MEMBERS:
+                        volume.complete = False
+                        problems.add(path, f"more than {MAX_MEMBERS:,} entries: the inspector read the first "
+                                           f"{MAX_MEMBERS:,} and infers no deletion after this instance")
+                        break
                     name = display_name(member.name).removeprefix("./").rstrip("/")
                     if not name or member.isdir():
                         continue
@@ -73,6 +81,7 @@ class Volume:
                     if member.size <= TEXT_LIMIT and not data.startswith(SQLITE_MAGIC) and b"\x00" not in data[:8192]:
                         volume.texts[name] = data.decode("utf-8", errors="replace")
         except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:
+            volume.complete = False
             problems.add(path, f"snapshot unreadable after {len(volume.files)} file(s) ({type(exc).__name__}: {exc})")
         return volume
 

@@ -609,3 +609,37 @@ def test_a_program_file_written_after_the_verdict_is_run_and_found_on_the_return
     returns = result.tables["returns"].set_index("slot")
     assert returns.loc[0, "looked"] and not returns.loc[0, "found"]  # "no such file" carries nothing
     assert returns.loc[1, "looked"] and returns.loc[1, "found"] and tool in returns.loc[1, "lookups"]
+
+
+def test_a_volume_of_very_many_files_is_read_as_far_as_the_bounds_and_says_so(tmp_path, monkeypatch):
+    """Past the member bound a snapshot is read that far and no deletion is inferred from it;
+    past the attribution bound the changes are listed as 'not attributed'; both are problems."""
+    import io
+    import tarfile
+
+    from stores_inspector import timeline, volume
+    monkeypatch.setattr(volume, "MAX_MEMBERS", 20)
+    monkeypatch.setattr(timeline, "MAX_ATTRIBUTED", 5)
+    folder = tmp_path / "cells" / "my-agent.low.sequential.s0"
+    (folder / "snapshots").mkdir(parents=True)
+    (folder / "cell.json").write_text(json.dumps({"cell": folder.name, "learner": "my-agent", "row": "memory-on"}))
+    lines = []
+    for slot in range(2):
+        event = {"cell": folder.name, "slot": slot, "phase": "stream", "task": TASK_A, "visit": slot,
+                 "exposure": slot}
+        lines += [json.dumps({"type": "instance_start", "t": T0 + 10 * slot, **event}),
+                  json.dumps({"type": "instance_end", "t": T0 + 10 * slot + 5, "status": "solved", "cost": 1, **event})]
+        with tarfile.open(folder / "snapshots" / f"{slot:05d}.tar.gz", "w:gz") as tar:
+            for i in range(30 if slot == 0 else 25):  # slot 1 deleted 5, in the part not read
+                data = f"note {i} {slot}".encode()
+                info = tarfile.TarInfo(f"./notes/{i:02d}.md")
+                info.size, info.mtime = len(data), T0 + 10 * slot + 1
+                tar.addfile(info, io.BytesIO(data))
+    (folder / "events.jsonl").write_text("\n".join(lines) + "\n")
+    result = inspect_run(tmp_path)
+    files, rows = result.tables["files"], result.tables["timeline"]
+    assert len(files[files.slot == 0]) == 20 and "deleted" not in set(files.change)
+    assert "deleted" not in set(rows.change)
+    assert (rows.mechanism == "not attributed").sum() == 2 * (20 - 5)
+    problems = " ".join(result.tables["problems"].astype(str).agg(" ".join, axis=1))
+    assert "more than 20 entries" in problems and "the first 5 are attributed" in problems

@@ -113,7 +113,7 @@ class LimitsConfig(_Strict):
     max_malformed: int = Field(20, ge=1)
     wall_clock_s: float = Field(900.0, gt=0)
     snapshot_mb: int = Field(1024, ge=1, description="file content one state snapshot keeps (MiB); "
-                             "files past it are left out and listed in the snapshot")
+                             "files past it are left out and named in the instance_end event")
     snapshot_s: float = Field(600.0, gt=0, description="time one state snapshot may take")
 
     def limits(self) -> Limits:
