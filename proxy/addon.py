@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -107,6 +108,34 @@ def mask_of(secret: bytes) -> bytes:
     return (REDACTED.encode() + b"*" * len(secret))[:len(secret)]
 
 
+SERVER_LOGGER = "mitmproxy.proxy.server"  # where mitmproxy logs what it rejects before any hook
+
+
+class _Bare:
+    def __init__(self, id: str, t: float) -> None:
+        self.id, self.t, self.rejections = id, t, []
+
+
+class _RejectionLog(logging.Handler):
+    """mitmproxy's messages about a connection that has made no flow (its `client` extra is the
+    peer address), kept for that connection's journal line."""
+
+    def __init__(self, bare: dict[Any, _Bare]) -> None:
+        super().__init__(logging.DEBUG)
+        self.bare = bare
+
+    ROUTINE = re.compile(r"(client|server) (connect|disconnect)|client kill connection|"
+                         r"closing transports|transports closed")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        bare = self.bare.get(getattr(record, "client", None))
+        if bare is None or len(bare.rejections) >= 5 or record.levelno < logging.INFO:
+            return
+        message = record.getMessage()
+        if not self.ROUTINE.match(message):
+            bare.rejections.append(message[:500])
+
+
 class Journal:
     """The addon: allowlist, key injection, and one journal line per flow (exactly once)."""
 
@@ -117,6 +146,10 @@ class Journal:
         self.real_key = ""
         self.prices: PriceTable | None = None
         self._slot_cache: tuple[Any, tuple[int | None, str | None]] = (None, (None, None))
+        # client connections that have not (yet) made a flow, by peer address: what mitmproxy
+        # said when it rejected their bytes itself (a request head it could not parse)
+        self.bare: dict[Any, _Bare] = {}
+        self._rejections = _RejectionLog(self.bare)
 
     # --- options ---------------------------------------------------------------------------
 
@@ -139,6 +172,7 @@ class Journal:
         resolver = ctx.master.addons.get("dnsresolver")
         if resolver is not None:
             ctx.master.addons.remove(resolver)
+        logging.getLogger(SERVER_LOGGER).addHandler(self._rejections)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -175,6 +209,31 @@ class Journal:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(ready), encoding="utf-8")
         os.replace(tmp, path)
+
+    def client_connected(self, client) -> None:
+        self.bare[client.peername] = _Bare(client.id, time.time())
+
+    def client_disconnected(self, client) -> None:
+        """A connection that made no flow but that mitmproxy rejected itself (a request head it
+        could not parse, a userinfo URI, a client gone mid-head) gets its journal line here:
+        every attempt through the proxy is on record, not only those that became requests."""
+        bare = self.bare.pop(client.peername, None)
+        if bare is None or not bare.rejections:
+            return
+        try:
+            slot, phase = self._slot()
+            now = time.time()
+            reason = "; ".join(bare.rejections)[:2000]
+            self._write(JournalEntry(
+                id=bare.id, cell=ctx.options.carc_cell, slot=slot, phase=phase,
+                mode="reverse" if isinstance(client.proxy_mode, ReverseMode) else "regular",
+                method="?", url="", host="", api="other", model=None, stream=False,
+                status=400 if "Client closed" not in reason else None, refused=True,
+                request=None, response=None, t_start=bare.t, t_first_byte=None, t_end=now,
+                latency_s=now - bare.t, error=f"rejected by mitmproxy before it became a request: {reason}"),
+                None, None)
+        except Exception:  # noqa: BLE001 - a journal bug must not crash the proxy
+            logger.error(f"carc journal addon failed in client_disconnected: {traceback.format_exc(limit=5)}")
 
     def dns_request(self, flow: dns.DNSFlow) -> None:
         """Every name lookup the sandbox makes (its DNS mode) is answered NXDOMAIN at once and
@@ -301,6 +360,7 @@ class Journal:
             self._failed(flow, "error")
 
     def done(self) -> None:
+        logging.getLogger(SERVER_LOGGER).removeHandler(self._rejections)
         for call in list(self.calls.values()):
             try:
                 self._finish(call.flow, "proxy stopped before the call ended")
@@ -315,6 +375,7 @@ class Journal:
     def _call(self, flow: http.HTTPFlow) -> _Call:
         call = self.calls.get(flow.id)
         if call is None:
+            self.bare.pop(flow.client_conn.peername, None)  # this connection is on record by its flows
             slot, phase = self._slot()
             call = _Call(flow, flow.request.timestamp_start or time.time(), slot, phase,
                          raw_request_head(flow.request))

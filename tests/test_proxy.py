@@ -286,6 +286,34 @@ def test_an_absolute_form_target_on_the_reverse_port_is_refused_and_journaled_as
     assert len(upstream.seen) == seen
 
 
+@pytest.mark.parametrize("data,said", [
+    (b"GET http://user:pw@127.0.0.1/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"Bad HTTP request line"),
+    (b"GET /v1/models HTTP/1.1\r\nHost x\r\n\r\n", b"Invalid header line"),
+    (b"\x16\x03\x01 not a handshake\r\n\r\n", b"TLS handshake failed"),
+])
+def test_bytes_mitmproxy_rejects_before_any_request_get_a_journal_line(reverse, upstream, data, said):
+    """A request head mitmproxy cannot parse never becomes a flow, so no hook saw it: the
+    connection's journal line comes from what mitmproxy said about it. A connection that sends
+    nothing (a port probe) leaves no line."""
+    before, seen = len(read_journal(reverse.journal_path)), len(upstream.seen)
+    with socket.create_connection(("127.0.0.1", reverse.port), timeout=10):
+        pass  # connected and closed: nothing to record
+    with socket.create_connection(("127.0.0.1", reverse.port), timeout=3) as s:
+        s.sendall(data)
+        try:
+            b"".join(iter(lambda: s.recv(65536), b""))
+        except socket.timeout:
+            pass  # a TLS-looking hello waits for more; closing is what a client would do
+    deadline = time.monotonic() + 10
+    while len(read_journal(reverse.journal_path)) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    [entry] = read_journal(reverse.journal_path)[before:]
+    assert entry.refused and entry.error.startswith("rejected by mitmproxy before it became a request")
+    assert said.decode() in entry.error and entry.cell == "cell-r"
+    assert len(upstream.seen) == seen
+
+
 def test_slot_and_phase_come_from_the_control_file(reverse):
     marks = {}
     for slot, phase in [(7, "before"), (7, "after"), (None, "between"), (8, "before")]:
