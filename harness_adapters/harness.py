@@ -164,6 +164,13 @@ class HarnessState:
         self.sandbox.wipe()
         self.prepare()
 
+    def recover(self) -> None:
+        """After the harness failed an instance (hung past the wall clock, crashed, exited): its
+        processes are ended and started again as after a restore, on the same volume, so what it
+        kept stays and the next instance meets a harness that runs."""
+        self.sandbox.end_processes()
+        self.prepare()
+
     def snapshot(self, dest: Path) -> list[LeftOut]:
         return self.sandbox.snapshot(dest)
 
@@ -220,6 +227,7 @@ class ConversationHarness(Learner):
         self.session = ""
         self.pending = ""
         self.open = False
+        self.broken = False  # the harness failed a turn: nothing more is sent to it this instance
         self.turns: list[dict[str, Any]] = []
 
     # --- what an adapter implements -------------------------------------------------------
@@ -236,6 +244,11 @@ class ConversationHarness(Learner):
     def close_conversation(self) -> None:
         """End the conversation; wait for the harness's post-turn work (reviews) if it has any."""
 
+    def abandon_conversation(self) -> None:
+        """End a conversation whose harness failed (hung, crashed) without waiting on it; the
+        cell's state then ends and restarts its processes (`HarnessState.recover`)."""
+        self.close_conversation()
+
     def opening_rules(self) -> list[str]:
         """Texts that open the first user message (harnesses keep their own system prompts)."""
         rules = [self.prompts.render("system")]
@@ -251,13 +264,18 @@ class ConversationHarness(Learner):
         self.turns = []
         self.task_id = view.task_id
         self.deadline = view.deadline
+        self.broken = False
         self.open_conversation(self.session)
         self.open = True
         self.pending = "\n".join(self.opening_rules() + [self.prompts.instance_message(
             view.task_id, view.test_input, view.attempts_used, view.demos_used)])
 
     def _send(self, message: str) -> Turn:
-        turn = self.send(message)
+        try:
+            turn = self.send(message)
+        except HarnessError:
+            self.broken = True
+            raise
         self.turns.append({"user": message, "assistant": turn.text, **turn.note})
         return turn
 
@@ -268,7 +286,12 @@ class ConversationHarness(Learner):
         self.pending = self.prompts.outcome_message(outcome, attempts_used, demos_used, demos_used)
 
     def end(self, solved: bool) -> None:
-        """The verdict reaches the harness in the same conversation (it may store something)."""
+        """The verdict reaches the harness in the same conversation (it may store something);
+        a harness that failed a turn is left, not waited on."""
+        if self.broken and self.open:
+            self.open = False
+            self.abandon_conversation()
+            return
         if self.pending and self.open:
             if self.row.asks_to_store:
                 self.pending += "\n" + self.prompts.render("store_invitation")

@@ -95,6 +95,11 @@ class HermesAgent(ConversationHarness):
             self.driver.close()  # end of input: the driver joins the background review, exits
             self.driver = None
 
+    def abandon_conversation(self) -> None:
+        if self.driver is not None:
+            self.driver.close(timeout=0)  # no drain: the driver failed; recover() ends it
+            self.driver = None
+
 
 def _state(cell: HarnessCell) -> HarnessState:
     """hermes has no daemon: its state is the volume plus the config rendered after each wipe."""

@@ -113,7 +113,7 @@ class LineProcess(Protocol):
 
     def read_line(self, timeout: float) -> str | None: ...
 
-    def close(self) -> Any: ...
+    def close(self, timeout: float = 900) -> Any: ...
 
 
 class RpcClient:
@@ -224,8 +224,9 @@ class RpcClient:
             if answered and ended and probe is None:
                 probe = self._send("get_state")
 
-    def close(self) -> None:
-        self.process.close()
+    def close(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """End of input; wait at most `timeout` for the process to end (it may be hung)."""
+        self.process.close(timeout)
 
 
 def turn_usage(messages: list[dict[str, Any]], seconds: float) -> Usage:
@@ -255,6 +256,12 @@ class PrimeAgentProcess:
         self.used = False  # the current session has had a prompt
 
     def start(self) -> None:
+        if self.client is not None:  # a process ended under it (recover): its socket goes too
+            client, self.client = self.client, None
+            try:
+                client.close(timeout=0)
+            except OSError:
+                pass
         process = self.sandbox.open_process(["sh", "-c", LAUNCH], env=ENVIRONMENT)
         self.client = RpcClient(process, self.classify)
         state = self.call(lambda c: c.command("get_state", timeout=START_TIMEOUT_S))

@@ -23,6 +23,7 @@ import io
 import ipaddress
 import os
 import re
+import select
 import socket
 import tarfile
 import threading
@@ -315,11 +316,15 @@ class DockerSandbox(SandboxEnvironment):
         # concatenates per frame: quadratic in the output).
         out: list[bytes] = []
         err: list[bytes] = []
+        cut = False
         try:
-            for stream_id, frame in frames_iter(raw, tty=False):
+            # The host's own backstop, 30 s past the in-container `timeout` (which a harness can
+            # stop: `kill -STOP -1` as the same uid stops it too).
+            for stream_id, frame in _frames(raw, started + (timeout or 3600) + 30):
                 (err if stream_id == STDERR else out).append(frame)
         except (socket.timeout, TimeoutError):
             err.append(b"(no answer from the docker exec stream)")
+            cut = True
         finally:
             sock.close()
         stdout, stderr = b"".join(out), b"".join(err)
@@ -327,7 +332,7 @@ class DockerSandbox(SandboxEnvironment):
         code = api.exec_inspect(exec_id).get("ExitCode")
         code = -1 if code is None else code
         # 137 is also a kill for other reasons (CPU or memory limit); only a full wait is a timeout.
-        timed_out = bool(timeout) and code in (124, 137) and time.monotonic() - started >= timeout * 0.98
+        timed_out = cut or (bool(timeout) and code in (124, 137) and time.monotonic() - started >= timeout * 0.98)
         return ExecResult(code, stdout or b"", stderr or b"", timed_out)
 
     def open_process(self, cmd: list[str], env: dict[str, str] | None = None,
@@ -381,6 +386,18 @@ class DockerSandbox(SandboxEnvironment):
             if not result.ok:
                 raise SandboxError(f"{self.name}: wipe left files in {self.state_path}: "
                                    f"{result.stderr.decode(errors='replace')[-500:]}")
+
+    def end_processes(self) -> None:
+        """End every harness process (uid 1000: a hung or stopped driver, a fork bomb, whatever a
+        failed instance left running) and leave the volume as it is. When nothing can start (the
+        pids limit is full) the container is restarted, which ends them all."""
+        try:
+            if self.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"]).ok:
+                return
+        except SandboxError:
+            pass
+        log.warning("end_processes_by_restart", sandbox=self.name)
+        self._restart()
 
     def _restart(self) -> None:
         try:
@@ -491,11 +508,15 @@ class SandboxProcess:
         self.raw.sendall(text.encode() + b"\n")
 
     def read_line(self, timeout: float) -> str | None:
-        """The next stdout line, or None when the process ended; TimeoutError past `timeout`."""
+        """The next stdout line, or None when the process ended; TimeoutError past `timeout`.
+
+        docker-py's frame reader polls the socket with no timeout of its own, so a process that
+        says nothing (hung, stopped) would hold it forever: each frame is waited for here."""
         self.raw.settimeout(timeout)
+        frames = _frames(self.raw, time.monotonic() + timeout, self.frames)
         while b"\n" not in self.buffer:
             try:
-                stream, data = next(self.frames)
+                stream, data = next(frames)
             except StopIteration:
                 return None
             except (socket.timeout, TimeoutError):
@@ -508,10 +529,10 @@ class SandboxProcess:
         return line.decode("utf-8", "replace")
 
     def close(self, timeout: float = 900) -> int | None:
-        """Close stdin, drain until the process exits (or `timeout`); its exit code."""
+        """Close stdin, drain until the process exits (or `timeout`; 0: no wait); its exit code."""
         try:
             self.raw.shutdown(socket.SHUT_WR)
-            while self.read_line(timeout) is not None:
+            while timeout > 0 and self.read_line(timeout) is not None:
                 pass
         except (OSError, TimeoutError):
             pass
@@ -660,6 +681,20 @@ class _ChunkReader(io.RawIOBase):
         n = min(len(target), len(self.buffer))
         target[:n], self.buffer = self.buffer[:n], self.buffer[n:]
         return n
+
+
+def _frames(raw, deadline: float, frames=None):
+    """docker-py's (stream, bytes) frames of an exec socket, each waited for until `deadline`
+    (TimeoutError past it): its own reader polls the socket with no timeout at all."""
+    frames = frames if frames is not None else frames_iter(raw, tty=False)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([raw], [], [], left)[0]:
+            raise TimeoutError("no answer from the docker exec stream")
+        try:
+            yield next(frames)
+        except StopIteration:
+            return
 
 
 def _archive_names(path: Path) -> set[str]:

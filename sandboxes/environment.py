@@ -50,6 +50,8 @@ class StateVolume(Protocol):
 
     def wipe(self) -> None: ...
 
+    def recover(self) -> None: ...
+
     def snapshot(self, dest: Path) -> list[LeftOut]: ...
 
     def restore(self, source: Path | None) -> None: ...
@@ -108,6 +110,10 @@ class SandboxEnvironment(abc.ABC):
     @abc.abstractmethod
     def wipe(self) -> None:
         """Stop every learner process and empty the state volume (memory-off rows)."""
+
+    @abc.abstractmethod
+    def end_processes(self) -> None:
+        """End every learner process and keep the state volume (after a harness failed)."""
 
     @abc.abstractmethod
     def snapshot(self, dest: Path) -> list[LeftOut]:

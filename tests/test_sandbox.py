@@ -41,6 +41,22 @@ def test_timeout_kills_the_process_and_its_children_inside_the_container(sandbox
     assert "sleep 60" not in left
 
 
+def test_a_process_stopped_by_the_harness_cannot_hold_a_read_or_an_exec_past_its_timeout(sandbox):
+    """docker-py polls an exec socket with no timeout: a driver the harness stopped (`kill -STOP
+    -1` stops the in-container `timeout` too) once held the cell forever."""
+    driver = sandbox.open_process(["sh", "-c", "read line; kill -STOP $$"])
+    driver.send_line("go")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        driver.read_line(2)
+    assert time.monotonic() - started < 10
+    driver.close(timeout=0)
+    started = time.monotonic()
+    result = sandbox.exec(["sh", "-c", "kill -STOP -1; sleep 60"], timeout=1)
+    assert result.timed_out and time.monotonic() - started < 40  # the host's backstop: timeout + 30 s
+    sandbox.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"])
+
+
 def test_file_written_is_read_back_and_missing_file_raises(sandbox):
     sandbox.write_file("/state/notes/a b.txt", b"\x00bytes\xff")
     assert sandbox.read_file("/state/notes/a b.txt") == b"\x00bytes\xff"

@@ -39,6 +39,9 @@ class HostStateDir:
         shutil.rmtree(self.path)
         self.path.mkdir()
 
+    def recover(self) -> None:
+        pass  # a folder has no processes of its own
+
     def snapshot(self, dest: Path) -> list[LeftOut]:
         tmp = dest.with_suffix(".tmp")
         with tarfile.open(tmp, "w:gz") as tar:

@@ -290,8 +290,15 @@ class CellRunner:
         try:
             learner.end(protocol.status.value == "solved")
         except Exception as exc:
+            learner_error = learner_error or (f"end: {exc}", "learner-error")
             log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
             journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
+        if learner_error:  # whatever the failed harness left running ends; its volume stays
+            try:
+                self.services.state.recover()
+            except Exception as exc:  # the next instance meets the harness as it is, and says so
+                log.exception("recover_error", cell=self.cell.cell, slot=slot.index)
+                journal.append(self._event("learner_error", slot, error=f"recover: {exc}"[:2000]))
         self.paths.transcript(slot.index).write_text(json.dumps(learner.transcript(), indent=1))
         left_out = [entry.line() for entry in self.services.state.snapshot(self.paths.snapshot(slot.index))]
         try:  # a harness's logs (also those outside the volume), per instance
