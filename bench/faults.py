@@ -27,6 +27,12 @@ Scenarios:
              the learner's own: that instance may fail, with its reason ("fault verdict"); every
              later instance must still run and end. "host lag" is the worst delay of a 50 ms timer
              on the host while the fault ran.
+  harness-stream-cut
+             the hermes-agent cell on the embedded model served by this script, whose 22nd chat
+             call (in the second instance) streams two chunks and then breaks the connection
+             mid-body, as a provider's stream does; compared with the same endpoint unbroken.
+             What the harness makes of it is its own (hermes retries or fails the turn); the
+             journal must hold the broken call.
 """
 
 from __future__ import annotations
@@ -203,6 +209,66 @@ def disk(root: Path, url: str, clean: dict) -> dict:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+class BreakStream:
+    """ASGI middleware: chat call number `at` sends two body messages, then the connection breaks."""
+
+    def __init__(self, app, at: int | None):
+        self.app, self.at, self.calls = app, at, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
+            return await self.app(scope, receive, send)
+        self.calls += 1
+        if self.calls != self.at:
+            return await self.app(scope, receive, send)
+        bodies = 0
+
+        async def breaking(message):
+            nonlocal bodies
+            if message["type"] == "http.response.body":
+                bodies += 1
+                if bodies > 2:
+                    raise ConnectionResetError("scripted: the provider's stream breaks")
+            await send(message)
+        await self.app(scope, receive, breaking)
+
+
+def stream_cut(root: Path, at: int = 22) -> dict:
+    import uvicorn
+
+    from proxy.host import free_port
+    from sandboxes.images import docker_client
+    from sandboxes.networks import host_address
+    from solver_model.server import create_app
+    runs = {}
+    for name, armed in (("harness-stream-clean", None), ("harness-stream-cut", at)):
+        app = BreakStream(create_app(effort_default="low", seed=0), armed)
+        host = host_address(docker_client())
+        port = free_port(host)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="critical"))
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.05)
+        run_dir = root / name
+        (run_dir / "cells").mkdir(parents=True)
+        (run_dir / "grid.yaml").write_text(HARNESS_GRID.replace("endpoint: embedded", f"endpoint: 'http://{host}:{port}/v1'"))
+        try:
+            execute(run_dir, show_progress=False)
+            finished = True
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            console.print(f"[red]{name}: {exc}")
+            finished = False
+        server.should_exit = True
+        runs[name] = (run_dir, finished, app.calls)
+    clean_dir, _, calls = runs["harness-stream-clean"]
+    run_dir, finished, _ = runs["harness-stream-cut"]
+    row = compare(verdicts(clean_dir), run_dir, int(calls >= at), finished)
+    [cell] = (run_dir / "cells").iterdir()
+    broken = [e for e in read_journal(cell / "journal" / "journal.jsonl") if e.error]
+    row["note"] = "; ".join(f"journaled: slot {e.slot} status {e.status} {e.error[:70]}" for e in broken[:2])
+    return row
+
+
 def harness_fault(root: Path, name: str, clean: dict) -> dict:
     """A hermes-agent cell faulted after the first model call of its second instance."""
     from sandboxes.docker_sandbox import SANDBOX_USER
@@ -257,10 +323,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--scenario", action="append",
-                        choices=["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS])
+                        choices=["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS,
+                                 "harness-stream-cut"])
     args = parser.parse_args()
-    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS]
-    ladder = [s for s in scenarios if s not in HARNESS_FAULTS]
+    scenarios = args.scenario or ["sigkill", "proxy", "container", "disk", *UPSTREAM, *HARNESS_FAULTS,
+                                  "harness-stream-cut"]
+    ladder = [s for s in scenarios if s not in HARNESS_FAULTS and s != "harness-stream-cut"]
+    harness = [s for s in scenarios if s in HARNESS_FAULTS]
     url, _ = serve()
     with tempfile.TemporaryDirectory(prefix="carc-faults-") as tmp:
         root = Path(tmp)
@@ -273,7 +342,7 @@ def main() -> None:
             clean, calls = verdicts(reference), SolverEndpoint.calls
             console.print(f"clean run: {sum(map(len, clean.values()))} instances, {calls} model calls, "
                           f"{time.monotonic() - started:.0f} s")
-        if len(ladder) < len(scenarios):
+        if harness:
             started = time.monotonic()
             reference = root / "harness-clean"
             (reference / "cells").mkdir(parents=True)
@@ -281,12 +350,16 @@ def main() -> None:
             execute(reference, show_progress=False)
             harness_clean = verdicts(reference)
             console.print(f"clean harness run: {sum(map(len, harness_clean.values()))} instances, "
-                          f"{time.monotonic() - started:.0f} s")
+                          f"{time.monotonic() - started:.0f} s, "
+                          f"{compare(harness_clean, reference, 0, True)['journal errors']} journal errors "
+                          "(its refused name lookups and the harness's own probes: the baseline)")
         rows = {}
         for name in scenarios:
             t0 = time.monotonic()
             if name in HARNESS_FAULTS:
                 rows[name] = harness_fault(root, name, harness_clean)
+            elif name == "harness-stream-cut":
+                rows[name] = stream_cut(root)
             elif name == "sigkill":
                 rows[name] = sigkill(root, url, clean, args.kills)
             elif name == "proxy":

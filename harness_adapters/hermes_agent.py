@@ -73,8 +73,11 @@ class HermesAgent(ConversationHarness):
             raise HarnessError(FailureKind.TIMEOUT, f"hermes while {what}: {exc}") from None
         stderr = self.driver.stderr.decode(errors="replace")[-800:]
         if line is None:
-            raise HarnessError(HERMES.classify(stderr) if stderr else FailureKind.CRASH,
-                               f"hermes driver ended while {what}: {stderr}")
+            code = self.driver.exit_code()
+            kind = HERMES.classify(stderr) if stderr else FailureKind.OTHER
+            raise HarnessError(FailureKind.CRASH if kind == FailureKind.OTHER else kind,
+                               f"hermes driver ended (exit code {code}{', killed' if code == 137 else ''}) "
+                               f"while {what}; its last output: {stderr}")
         try:
             return json.loads(line)
         except json.JSONDecodeError:

@@ -528,6 +528,13 @@ class SandboxProcess:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode("utf-8", "replace")
 
+    def exit_code(self) -> int | None:
+        """The process's exit code once it ended (None while it runs)."""
+        try:
+            return self.sandbox.client.api.exec_inspect(self.exec_id).get("ExitCode")
+        except docker.errors.APIError:
+            return None
+
     def close(self, timeout: float = 900) -> int | None:
         """Close stdin, drain until the process exits (or `timeout`; 0: no wait); its exit code."""
         try:

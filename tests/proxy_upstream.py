@@ -4,7 +4,8 @@ What it serves, chosen by path and by the request's `model`:
 - POST /v1/chat/completions: models "echo-sse", "echo-gzip", "echo-gzip-sse" and "echo-header"
   quote the caller's authorization header back (see `echo`); otherwise JSON, or a stream (role, text and tool-call deltas, the usage chunk
   when `stream_options.include_usage`); model "boom" answers 500; model "hang" streams two chunks
-  and then waits until the client goes away (recorded in `disconnects`).
+  and then waits until the client goes away (recorded in `disconnects`); model "cut-sse" streams two
+  chunks and then breaks the connection mid-body.
 - POST /v1/responses: a Responses API stream ending in `response.completed`.
 - POST /v1/messages: an Anthropic message stream with a text and a tool_use block.
 Every request is recorded (path, headers, body) in `seen`.
@@ -141,6 +142,8 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
             return echo(body["model"], request.headers.get("authorization", ""))
         if body.get("model") == "hang":
             return StreamingResponse(hang(json.dumps(body)), media_type="text/event-stream")
+        if body.get("model") == "cut-sse":
+            return StreamingResponse(cut_short(), media_type="text/event-stream")
         if body.get("stream"):
             include = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(chat_stream(include), media_type="text/event-stream")
@@ -181,6 +184,15 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
             await asyncio.sleep(600)
         finally:
             upstream.disconnects.append(marker)
+
+    async def cut_short():
+        """A provider's stream that breaks: two chunks, then the connection ends without the
+        last chunk of the chunked body (no finish_reason, no [DONE])."""
+        yield sse(chat_chunk({"role": "assistant", "content": "Hel"}))
+        await asyncio.sleep(0.05)
+        yield sse(chat_chunk({"content": "lo"}))
+        await asyncio.sleep(0.05)
+        raise ConnectionResetError("scripted: the provider's stream breaks")
 
     @app.post("/v1/responses")
     async def responses(request: Request):

@@ -152,3 +152,46 @@ def test_a_harness_sandbox_killed_mid_instance_is_an_uncharged_fault_and_the_cel
     label = {"label": f"org.carc.run={run_dir.name}"}
     client = docker_client()
     assert not client.containers.list(all=True, filters=label) and not client.volumes.list(filters=label)
+
+
+def test_a_harness_that_stops_itself_fails_at_the_wall_clock_and_the_next_instance_runs(tmp_path):
+    """Every process of the harness SIGSTOPped mid-instance (as a tool call of its own could do):
+    the instance fails at the wall clock with its reason (the harness's own fault, charged), the
+    stopped processes are ended and the harness started again on the same volume, and the next
+    instance runs to its verdict. Once, the cell waited on the stopped driver forever."""
+    import threading
+    import time
+
+    from sandboxes.docker_sandbox import SANDBOX_USER
+    from sandboxes.images import docker_client
+
+    run_dir = tmp_path / "runs" / "harness-stopped"
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(
+        GRID.format(learner="hermes-agent", engine="docker", url="embedded", timeout=600)
+        .replace("tasks: 3, visits: 2", "tasks: 2, visits: 1") + "limits: {wall_clock_s: 45}\n")
+    stopped = threading.Event()
+
+    def stop_everything_in_the_first_instance() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            journal = next((run_dir / "cells").glob("*/journal/journal.jsonl"), None)
+            if journal is not None and any(e.slot == 0 for e in read_journal(journal)):
+                [record] = (run_dir / "cells").glob("*/sandbox.json")
+                docker_client().containers.get(json.loads(record.read_text())["container"]).exec_run(
+                    ["sh", "-c", "kill -STOP -1"], user=SANDBOX_USER, detach=True)
+                stopped.set()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=stop_everything_in_the_first_instance, daemon=True).start()
+    started = time.monotonic()
+    execute(run_dir, show_progress=False)
+    assert stopped.is_set(), "the fault was never injected"
+    assert time.monotonic() - started < 400
+    seen = events(run_dir)
+    [first] = [e for e in seen if e.type == "instance_end" and e.slot == 0]
+    assert (first.status, first.cost, first.failure_kind) == ("failed", 16, "wall-clock")
+    [second] = [e for e in seen if e.type == "instance_end" and e.slot == 1]
+    assert any(e.type == "step" and e.slot == 1 for e in seen) and second.reason != first.reason
+    assert not [e for e in seen if e.type == "infrastructure_fault"]

@@ -247,6 +247,23 @@ def test_upstream_500_is_journaled_with_status_and_error(reverse):
     assert "HTTP 500" in entry.error and "upstream exploded" in entry.error
 
 
+def test_a_stream_the_upstream_breaks_reaches_the_client_broken_and_is_journaled(reverse):
+    """A truncated SSE stream (the provider's connection ends mid-body) is passed on as broken -
+    the client's read fails as it would without the proxy, never a stream that looks complete -
+    and the journal line keeps what arrived and says the call did not end."""
+    mark = marker()
+    got = b""
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", f"{reverse.base_url}/chat/completions", timeout=10,
+                          json=chat_body(mark, model="cut-sse", stream=True)) as response:
+            for chunk in response.iter_bytes():
+                got += chunk
+    assert b"Hel" in got and b"[DONE]" not in got
+    entry = entry_for(reverse, mark)
+    assert entry.stream and entry.error and entry.status == 200
+    assert entry.response["choices"][0]["message"]["content"] == "Hello"
+
+
 def test_client_disconnect_mid_stream_is_journaled(reverse, upstream):
     mark = marker()
     body = {"model": "hang", "stream": True, "messages": [{"content": mark}]}

@@ -291,7 +291,10 @@ class CellRunner:
             learner.end(protocol.status.value == "solved")
         except Exception as exc:
             learner_error = learner_error or (f"end: {exc}", "learner-error")
-            log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
+            if isinstance(exc, HarnessError):  # the harness failed the verdict turn: its reason says it
+                log.warning("learner_end_error", cell=self.cell.cell, slot=slot.index, error=str(exc)[:500])
+            else:
+                log.exception("learner_end_error", cell=self.cell.cell, slot=slot.index)
             journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
         if learner_error:  # whatever the failed harness left running ends; its volume stays
             try:
