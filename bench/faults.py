@@ -264,8 +264,14 @@ def stream_cut(root: Path, at: int = 22) -> dict:
     run_dir, finished, _ = runs["harness-stream-cut"]
     row = compare(verdicts(clean_dir), run_dir, int(calls >= at), finished)
     [cell] = (run_dir / "cells").iterdir()
-    broken = [e for e in read_journal(cell / "journal" / "journal.jsonl") if e.error]
-    row["note"] = "; ".join(f"journaled: slot {e.slot} status {e.status} {e.error[:70]}" for e in broken[:2])
+    journal = read_journal(cell / "journal" / "journal.jsonl")
+    broken = [e for e in journal if e.status == 200 and e.error]
+    later = [e for e in journal if broken and e.slot == broken[0].slot and e.t_start > broken[0].t_start]
+    clean_verdicts = dict((slot, (status, cost)) for v in verdicts(clean_dir).values() for slot, status, cost in v)
+    changed = [f"slot {slot}: {clean_verdicts.get(slot)} -> {(status, cost)}"
+               for v in verdicts(run_dir).values() for slot, status, cost in v if clean_verdicts.get(slot) != (status, cost)]
+    row["note"] = ("; ".join(f"journaled: slot {e.slot}, {e.error[:60]}" for e in broken[:1])
+                   + f"; {len(later)} later calls in that instance; " + ("; ".join(changed) or "no verdict changed"))
     return row
 
 
