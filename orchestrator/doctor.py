@@ -49,6 +49,15 @@ def check_debootstrap() -> Check:
                  "" if found else "apt-get install -y debootstrap (needed for the offline base)")
 
 
+def check_state_quota() -> Check:
+    from sandboxes.state_volumes import STATE_IMAGES, quota_unavailable
+    reason = quota_unavailable()
+    return Check("state quota", reason is None,
+                 f"ext4 loop volumes in {STATE_IMAGES}" if reason is None else reason,
+                 "" if reason is None else "run carc as root with util-linux and e2fsprogs, or a harness "
+                                           "can fill the engine's disk (grid limits.state_mb is then not enforced)")
+
+
 def check_images(client: docker.DockerClient) -> list[Check]:
     """Whether the current recipe of each image is built (nothing is built here)."""
     def exists(tag: str) -> bool:
@@ -121,7 +130,7 @@ def check_endpoint(url: str | None) -> Check:
 
 def run_checks(endpoint: str | None = None) -> list[Check]:
     engine, client = check_engine()
-    checks = [engine, check_debootstrap()]
+    checks = [engine, check_debootstrap(), check_state_quota()]
     if client is not None:
         checks += [check_host_address(client), *check_images(client)]
     checks += [check_mitmproxy(), check_proxy_ca(), check_endpoint(endpoint)]

@@ -40,6 +40,7 @@ from docker.utils.socket import STDERR, frames_iter
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
 from sandboxes.environment import ExecResult, LeftOut, SandboxEnvironment, SandboxError
 from sandboxes.images import docker_client, machine_lock
+from sandboxes import state_volumes
 from sandboxes.networks import ipv4_subnets
 
 log = structlog.get_logger("carc.sandbox")
@@ -69,6 +70,7 @@ class Limits:
     tmp_size: str = "512m"
     snapshot_bytes: int = 1 << 30  # file content one state snapshot keeps; beyond it files are left out
     snapshot_s: float = 600.0      # time one snapshot may take
+    state_bytes: int | None = 4 << 30  # the state volume's quota (None: none, the engine's disk)
 
 
 @dataclass
@@ -132,8 +134,8 @@ class DockerSandbox(SandboxEnvironment):
         self._remove_leftovers()
         mounts = []
         if spec.volume:
-            self.volume = self.client.volumes.create(
-                f"{self.name}-state", labels={**self.labels, LABEL_ROLE: "state"})
+            self.volume = state_volumes.create(self.client, f"{self.name}-state",
+                                               {**self.labels, LABEL_ROLE: "state"}, spec.limits.state_bytes)
             mounts.append(Mount(self.state_path, self.volume.name, type="volume"))
         env = {"HOME": self.state_path, "TMPDIR": "/tmp", **spec.env}
         network_mode = "none"
@@ -235,7 +237,7 @@ class DockerSandbox(SandboxEnvironment):
         for net in self.client.networks.list(names=[f"{self.name}-net"]):
             _remove_network(net)
         try:
-            self.client.volumes.get(f"{self.name}-state").remove(force=True)
+            state_volumes.remove(self.client.volumes.get(f"{self.name}-state"))
         except docker.errors.NotFound:
             pass
 
@@ -273,7 +275,7 @@ class DockerSandbox(SandboxEnvironment):
             self.network = None
         if self.volume is not None:
             try:
-                self.volume.remove(force=True)
+                state_volumes.remove(self.volume)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
@@ -659,7 +661,7 @@ def prune(client: docker.DockerClient | None = None, run: str | None = None) -> 
         pruned.networks.append(net.name)
     for volume in client.volumes.list(filters={"label": label}):
         try:
-            volume.remove(force=True)
+            state_volumes.remove(volume)
             pruned.volumes.append(volume.name)
         except docker.errors.NotFound:
             continue

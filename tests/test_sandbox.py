@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tarfile
 import time
+from pathlib import Path
 
 import docker.errors
 import pytest
@@ -273,6 +274,38 @@ def test_a_tree_deeper_than_path_max_is_named_as_left_out_and_the_rest_kept_and_
     hostile.restore(dest)
     assert hostile.exec(["cat", "/state/u/locked"]).ok is False  # mode 000 kept (uid 1000 cannot read)
     assert hostile.exec(["sh", "-c", "test -d /state/deep/" + "d" * 100 + " && test -f /state/random"]).ok
+
+
+def test_the_state_volume_has_a_quota_and_leaves_nothing_when_removed(base_image, client, run_id, tmp_path):
+    """A harness that writes past `limits.state_bytes` meets ENOSPC in its sandbox (not the
+    engine's disk); the sandbox and its snapshots go on; teardown releases the loop device and
+    deletes the file behind the volume."""
+    import subprocess
+
+    from sandboxes import state_volumes
+    if state_volumes.quota_unavailable():
+        pytest.skip(f"no state quota on this machine: {state_volumes.quota_unavailable()}")
+    box = DockerSandbox(SandboxSpec(base_image, run_id, "cell-quota",
+                                    limits=Limits(cpus=0.5, memory="256m", pids=64, state_bytes=64 << 20)),
+                        client).start()
+    try:
+        label = box.volume.attrs["Labels"][state_volumes.LABEL_LOOP]
+        device, _, image = label.partition("\t")
+        assert box.exec(["sh", "-c", "ls -A /state; stat -c %u /state"]).text().split() == ["1000"]
+        filled = box.exec(["sh", "-c", "head -c 100000000 /dev/zero > /state/big"])
+        assert not filled.ok and b"No space left on device" in filled.stderr
+        assert box.exec(["sh", "-c", "rm /state/big && echo kept > /state/note"]).ok  # room again
+        box.snapshot(tmp_path / "quota.tar.gz")
+        with tarfile.open(tmp_path / "quota.tar.gz") as archive:
+            assert archive.getnames() == ["./note"]
+        box.wipe()
+        assert box.exec(["ls", "-A", "/state"]).text() == ""
+    finally:
+        box.teardown()
+    assert not Path(image).exists()
+    attached = subprocess.run(["losetup", "--noheadings", "--output", "BACK-FILE", device],
+                              capture_output=True, text=True).stdout
+    assert image not in attached
 
 
 def test_a_snapshot_works_while_detached_children_fill_the_pids_limit(hostile, tmp_path):

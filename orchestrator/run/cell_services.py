@@ -104,7 +104,8 @@ def sandbox_limits(grid: GridConfig):
     """A cell's container limits, from the grid's `sandbox` and `limits` sections."""
     from sandboxes.docker_sandbox import Limits
     return Limits(cpus=grid.sandbox.cpus, memory=grid.sandbox.memory, pids=grid.sandbox.pids,
-                  snapshot_bytes=grid.limits.snapshot_mb << 20, snapshot_s=grid.limits.snapshot_s)
+                  snapshot_bytes=grid.limits.snapshot_mb << 20, snapshot_s=grid.limits.snapshot_s,
+                  state_bytes=None if grid.limits.state_mb is None else grid.limits.state_mb << 20)
 
 
 def journal_dir(cell_dir: Path) -> Path:

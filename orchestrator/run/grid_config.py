@@ -115,6 +115,8 @@ class LimitsConfig(_Strict):
     snapshot_mb: int = Field(1024, ge=1, description="file content one state snapshot keeps (MiB); "
                              "files past it are left out and named in the instance_end event")
     snapshot_s: float = Field(600.0, gt=0, description="time one state snapshot may take")
+    state_mb: int | None = Field(4096, ge=16, description="a harness's state volume quota (MiB): "
+                                 "writing past it fails with ENOSPC in the sandbox; null: no quota")
 
     def limits(self) -> Limits:
         return Limits(max_malformed=self.max_malformed, wall_clock_s=self.wall_clock_s)
