@@ -6,7 +6,8 @@ Every scenario runs a short grid on the embedded solver (served on loopback by t
 fault can be injected at a chosen model call) once clean and once with the fault, then prints per
 scenario: faults injected, recovered (the run finished with every instance recorded), records lost
 (instances of the clean run missing), double charges (a slot ended twice), verdicts that differ
-from the clean run, and carc containers, volumes and networks left for the run id.
+from the clean run, and carc containers, volumes and networks left for the run id (and state
+volume files that no volume owns any more).
 
 Scenarios:
   sigkill    the `carc grid run` process tree SIGKILLed at random points (--kills), resumed each time
@@ -111,11 +112,16 @@ def verdicts(run_dir: Path) -> dict[str, list[tuple]]:
 
 
 def leaks(run_id: str) -> int:
+    """carc containers, volumes and networks of the run, and state-volume files (with their loop
+    devices) that no volume owns any more."""
     from sandboxes.docker_sandbox import LABEL_RUN
     from sandboxes.images import docker_client
+    from sandboxes.state_volumes import STATE_IMAGES
     client, label = docker_client(), {"label": f"{LABEL_RUN}={run_id}"}
+    owned = {v.name for v in client.volumes.list()}
+    orphans = [f for f in STATE_IMAGES.glob("*.ext4") if f.name.removesuffix(".ext4") not in owned]
     return (len(client.containers.list(all=True, filters=label)) + len(client.volumes.list(filters=label))
-            + len(client.networks.list(filters=label)))
+            + len(client.networks.list(filters=label)) + len(orphans))
 
 
 def compare(clean: dict, run_dir: Path, injected: int, finished: bool) -> dict:
