@@ -132,9 +132,15 @@ def compare(clean: dict, run_dir: Path, injected: int, finished: bool) -> dict:
     differ = sum(1 for c, v in clean.items() for a in v if a not in got.get(c, []))
     faults = sum(1 for cell in (run_dir / "cells").iterdir() if (cell / "events.jsonl").exists()
                  for e in read_events(cell / "events.jsonl") if e.type == "infrastructure_fault")
-    journal_errors = sum(1 for journal in (run_dir / "cells").glob("*/journal/journal.jsonl")
-                         for entry in read_journal(journal)
-                         if entry.error or entry.status is None or entry.status >= 400)
+    journal_errors = 0
+    for journal in (run_dir / "cells").glob("*/journal/journal.jsonl"):
+        try:
+            journal_errors += sum(1 for entry in read_journal(journal)
+                                  if entry.error or entry.status is None or entry.status >= 400)
+        except ValueError as exc:  # a line that is not an entry: reported, not a crash of the bench
+            console.print(f"[red]{exc}")
+            journal_errors = -1
+            break
     return {"injected": injected, "recovered": "yes" if finished and not lost else "no", "lost": lost,
             "double": double, "differ": differ, "journaled faults": faults,
             "journal errors": journal_errors, "leaks": leaks(run_dir.name)}

@@ -107,22 +107,38 @@ def read_journal(path: str | os.PathLike[str]) -> list[JournalEntry]:
 
 
 class JournalWriter:
-    """Appends entries and raw payloads to a journal directory; every line is fsynced."""
+    """Appends entries and raw payloads to a journal directory; every line is fsynced.
+
+    A line is either whole in the file or not there at all: a write the disk refuses half-way
+    (ENOSPC) is cut back off before the error goes on, and a torn last line left by a proxy killed
+    mid-write is cut off when the next proxy opens the journal, so a later line never lands on the
+    end of a torn one."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         (self.directory / RAW_DIR).mkdir(parents=True, exist_ok=True)
         self.path = self.directory / JOURNAL_FILE
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _cut_torn_tail(self._fd, self.path)
 
     def write(self, entry: JournalEntry) -> None:
         self.write_line(entry.to_json())
 
     def write_line(self, line: str) -> None:
         """Append one already-serialized entry; durable when this returns."""
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = (line + "\n").encode("utf-8")
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass  # the reader skips a torn last line; the next open cuts it
+            raise
 
     def write_raw(self, entry_id: str, kind: Literal["req", "resp"], data: bytes) -> str:
         """Store raw bytes gzip-compressed; returns the path relative to the journal directory."""
@@ -132,7 +148,28 @@ class JournalWriter:
         return relative
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+def _cut_torn_tail(fd: int, path: Path) -> None:
+    """Cut the file back to its last newline (it ends mid-line when a writer was killed)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    with open(path, "rb") as f:
+        position = size
+        while position > 0:
+            step = min(1 << 16, position)
+            f.seek(position - step)
+            block = f.read(step)
+            if position == size and block.endswith(b"\n"):
+                return
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                os.ftruncate(fd, position - step + newline + 1)
+                return
+            position -= step
+    os.ftruncate(fd, 0)
 
 
 def write_slot(control_path: str | os.PathLike[str], slot: int | None, phase: Phase) -> None:

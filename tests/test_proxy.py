@@ -552,6 +552,34 @@ def test_read_journal_skips_a_torn_last_line_but_not_a_bad_middle_one(tmp_path):
         read_journal(tmp_path / "journal.jsonl")
 
 
+def test_a_line_is_whole_in_the_journal_or_not_there_after_a_full_disk_or_a_killed_writer(tmp_path, monkeypatch):
+    """A write the disk refuses half-way is cut back off (the proxy goes on and later lines stay
+    readable); a torn last line a killed proxy left is cut when the next one opens the journal.
+    Once, the next line landed on the end of the torn one and the journal could not be read."""
+    import errno
+
+    writer = JournalWriter(tmp_path)
+    writer.write(sample_entry(id="a"))
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        real_write(fd, bytes(data[:len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError):
+        writer.write(sample_entry(id="lost"))
+    monkeypatch.setattr(os, "write", real_write)
+    writer.write(sample_entry(id="b"))
+    writer.close()
+    assert [e.id for e in read_journal(tmp_path)] == ["a", "b"]
+    with open(tmp_path / "journal.jsonl", "a") as f:  # a proxy killed mid-write
+        f.write(sample_entry(id="torn").to_json()[:40])
+    writer = JournalWriter(tmp_path)
+    writer.write(sample_entry(id="c"))
+    writer.close()
+    assert [e.id for e in read_journal(tmp_path)] == ["a", "b", "c"]
+
+
 def test_slot_control_file_is_replaced_atomically_and_validated(tmp_path):
     control = tmp_path / "ctl" / "slot.json"
     assert read_slot(control) == (None, None)

@@ -219,6 +219,7 @@ class CellRunner:
         start = time.monotonic()
         deadline = start + self.limits.wall_clock_s
         learner_error: tuple[str, FailureKind] | None = None
+        crashed: Exception | None = None
         step_no = len(history)
         # The deadline reaches the learner: a harness turn or model call is cut at the wall clock.
         view = InstanceView(slot.task_id, instance.test_input, protocol.wrong,
@@ -268,7 +269,7 @@ class CellRunner:
             learner_error = str(exc), exc.kind.value
         except Exception as exc:  # a learner bug must not take the run down; it fails the instance
             learner_error = f"learner error: {type(exc).__name__}: {exc}", "learner-error"
-            log.exception("learner_error", cell=self.cell.cell, slot=slot.index)
+            crashed = exc
         if learner_error:
             fault = self.services.fault()
             if not fault:
@@ -276,6 +277,8 @@ class CellRunner:
                 # it stopped: asked once more after a moment, the engine gives the cause.
                 time.sleep(FAULT_SETTLE_S)
                 fault = self.services.fault()
+            if crashed is not None and not fault:  # a bug's traceback, not a killed container's
+                log.error("learner_error", cell=self.cell.cell, slot=slot.index, exc_info=crashed)
             if fault:  # the failure was the infrastructure's: nothing is charged, the instance reruns
                 journal.append(self._event("infrastructure_fault", slot, step=step_no,
                                            error=f"{fault} (the learner saw: {learner_error[0]})"[:2000]))
