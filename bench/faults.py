@@ -96,11 +96,21 @@ HARNESS_FAULTS = {
 }
 
 
-def new_run(root: Path, name: str, url: str) -> Path:
+def new_run(root: Path, name: str, grid: str) -> Path:
     run_dir = root / name
     (run_dir / "cells").mkdir(parents=True)
-    (run_dir / "grid.yaml").write_text(GRID.format(url=url))
+    (run_dir / "grid.yaml").write_text(grid)
     return run_dir
+
+
+def finishes(run_dir: Path) -> bool:
+    """Run the grid in this process; False (and why, printed) when the run raises."""
+    try:
+        execute(run_dir, show_progress=False)
+        return True
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        console.print(f"[red]{run_dir.name}: {exc}")
+        return False
 
 
 def verdicts(run_dir: Path) -> dict[str, list[tuple]]:
@@ -158,7 +168,7 @@ def steps(run_dir: Path) -> int:
 
 
 def sigkill(root: Path, url: str, clean: dict, kills: int) -> dict:
-    run_dir = new_run(root, "sigkill", url)
+    run_dir = new_run(root, "sigkill", GRID.format(url=url))
     rng, done = random.Random(0), 0
     while done < kills:
         proc, start = cli(run_dir), steps(run_dir)
@@ -175,14 +185,9 @@ def sigkill(root: Path, url: str, clean: dict, kills: int) -> dict:
 
 
 def injected_at_call(root: Path, name: str, url: str, clean: dict, calls: int, fault) -> dict:
-    run_dir = new_run(root, name, url)
+    run_dir = new_run(root, name, GRID.format(url=url))
     SolverEndpoint.arm(calls // 2, fault if isinstance(fault, str) else (lambda: fault(run_dir)))
-    try:
-        execute(run_dir, show_progress=False)
-        finished = True
-    except Exception as exc:  # noqa: BLE001 - reported in the table
-        console.print(f"[red]{name}: {exc}")
-        finished = False
+    finished = finishes(run_dir)
     SolverEndpoint.arm(None)
     return compare(clean, run_dir, 1, finished)
 
@@ -209,7 +214,7 @@ def disk(root: Path, url: str, clean: dict) -> dict:
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], check=True)
     try:
-        run_dir = new_run(mount, "disk", url)
+        run_dir = new_run(mount, "disk", GRID.format(url=url))
         first = cli(run_dir).wait(timeout=1800)
         message = "stopped (exit %d)" % first if first else "finished (the tmpfs did not fill)"
         subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
@@ -261,15 +266,9 @@ def stream_cut(root: Path, at: int = 22) -> dict:
         threading.Thread(target=server.run, daemon=True).start()
         while not server.started:
             time.sleep(0.05)
-        run_dir = root / name
-        (run_dir / "cells").mkdir(parents=True)
-        (run_dir / "grid.yaml").write_text(HARNESS_GRID.replace("endpoint: embedded", f"endpoint: 'http://{host}:{port}/v1'"))
-        try:
-            execute(run_dir, show_progress=False)
-            finished = True
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            console.print(f"[red]{name}: {exc}")
-            finished = False
+        run_dir = new_run(root, name, HARNESS_GRID.replace("endpoint: embedded",
+                                                           f"endpoint: 'http://{host}:{port}/v1'"))
+        finished = finishes(run_dir)
         server.should_exit = True
         runs[name] = (run_dir, finished, app.calls)
     clean_dir, _, calls = runs["harness-stream-clean"]
@@ -291,9 +290,7 @@ def harness_fault(root: Path, name: str, clean: dict) -> dict:
     """A hermes-agent cell faulted after the first model call of its second instance."""
     from sandboxes.docker_sandbox import SANDBOX_USER
     from sandboxes.images import docker_client
-    run_dir = root / name
-    (run_dir / "cells").mkdir(parents=True)
-    (run_dir / "grid.yaml").write_text(HARNESS_GRID)
+    run_dir = new_run(root, name, HARNESS_GRID)
     injected, lag = threading.Event(), [0.0]
 
     def inject() -> None:
@@ -313,12 +310,7 @@ def harness_fault(root: Path, name: str, clean: dict) -> dict:
             time.sleep(0.05)
 
     threading.Thread(target=inject, daemon=True).start()
-    try:
-        execute(run_dir, show_progress=False)
-        finished = True
-    except Exception as exc:  # noqa: BLE001 - reported in the table
-        console.print(f"[red]{name}: {exc}")
-        finished = False
+    finished = finishes(run_dir)
     row = compare(clean, run_dir, int(injected.is_set()), finished)
     [cell] = (run_dir / "cells").iterdir()
     ends = [e for e in read_events(cell / "events.jsonl") if e.type == "instance_end" and e.slot == 1]
@@ -354,7 +346,7 @@ def main() -> None:
         clean = calls = harness_clean = None
         if ladder:
             started = time.monotonic()
-            reference = new_run(root, "clean", url)
+            reference = new_run(root, "clean", GRID.format(url=url))
             SolverEndpoint.arm(None)
             execute(reference, show_progress=False)
             clean, calls = verdicts(reference), SolverEndpoint.calls
@@ -362,9 +354,7 @@ def main() -> None:
                           f"{time.monotonic() - started:.0f} s")
         if harness:
             started = time.monotonic()
-            reference = root / "harness-clean"
-            (reference / "cells").mkdir(parents=True)
-            (reference / "grid.yaml").write_text(HARNESS_GRID)
+            reference = new_run(root, "harness-clean", HARNESS_GRID)
             execute(reference, show_progress=False)
             harness_clean = verdicts(reference)
             console.print(f"clean harness run: {sum(map(len, harness_clean.values()))} instances, "

@@ -426,17 +426,13 @@ class DockerSandbox(SandboxEnvironment):
         frozen, long_paths = self._signal_harness(
             "STOP", f"find {self.state_path} -mindepth 1 -regextype posix-extended "
                     f"-regex '.{{{LONG_PATH},}}' -print0 2>/dev/null | head -c 4000000")
+        prefix = self.state_path + "/"
+        watched = {"./" + raw.decode("utf-8", "surrogateescape").removeprefix(prefix) for raw in long_paths}
         try:
-            left_out = self._archive_state(dest)
+            left_out = self._archive_state(dest, watched)
         finally:
             if frozen:
                 self._signal_harness("CONT")
-        prefix = self.state_path + "/"
-        kept = _archive_names(dest) if long_paths else set()
-        for raw in long_paths:
-            name = "./" + raw.decode("utf-8", "surrogateescape").removeprefix(prefix)
-            if name not in kept:
-                left_out.append(LeftOut(name, None, "path longer than the engine's archive reads (PATH_MAX)"))
         if left_out:
             log.warning("snapshot_left_out", sandbox=self.name, files=len(left_out))
         return left_out
@@ -451,7 +447,9 @@ class DockerSandbox(SandboxEnvironment):
             return False, []
         return result.ok, [p for p in result.stdout.split(b"\0") if p]
 
-    def _archive_state(self, dest: Path) -> list[LeftOut]:
+    def _archive_state(self, dest: Path, watched: set[str]) -> list[LeftOut]:
+        """Stream the volume into `dest`; what the cap left out, and those `watched` paths (in
+        archive form, `./...`) the engine did not hand over."""
         limits = self.spec.limits
         started = time.monotonic()
         try:
@@ -467,6 +465,7 @@ class DockerSandbox(SandboxEnvironment):
                     member.name = _relative_member(member.name)
                     if member.name is None:
                         continue
+                    watched.discard(member.name)
                     if member.isfile():
                         if kept + member.size > limits.snapshot_bytes:
                             left_out.append(LeftOut(member.name, member.size, "over the snapshot cap "
@@ -481,7 +480,8 @@ class DockerSandbox(SandboxEnvironment):
             raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed after "
                                f"{time.monotonic() - started:.0f} s: {exc}") from None
         tmp.replace(dest)
-        return left_out
+        return left_out + [LeftOut(name, None, "path longer than the engine's archive reads (PATH_MAX)")
+                           for name in sorted(watched)]
 
     def restore(self, source: Path | None) -> None:
         self.wipe()
@@ -704,11 +704,6 @@ def _frames(raw, deadline: float, frames=None):
             yield next(frames)
         except StopIteration:
             return
-
-
-def _archive_names(path: Path) -> set[str]:
-    with tarfile.open(path, "r:gz") as archive:
-        return {member.name for member in archive}
 
 
 def _relative_member(name: str) -> str | None:
