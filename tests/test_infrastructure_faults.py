@@ -185,10 +185,8 @@ def test_a_harness_that_stops_itself_fails_at_the_wall_clock_and_the_next_instan
             time.sleep(0.05)
 
     threading.Thread(target=stop_everything_in_the_first_instance, daemon=True).start()
-    started = time.monotonic()
-    execute(run_dir, show_progress=False)
+    execute(run_dir, show_progress=False)  # once: it never returned
     assert stopped.is_set(), "the fault was never injected"
-    assert time.monotonic() - started < 400
     seen = events(run_dir)
     [first] = [e for e in seen if e.type == "instance_end" and e.slot == 0]
     assert (first.status, first.cost, first.failure_kind) == ("failed", 16, "wall-clock")

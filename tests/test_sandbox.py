@@ -47,14 +47,13 @@ def test_a_process_stopped_by_the_harness_cannot_hold_a_read_or_an_exec_past_its
     -1` stops the in-container `timeout` too) once held the cell forever."""
     driver = sandbox.open_process(["sh", "-c", "read line; kill -STOP $$"])
     driver.send_line("go")
-    started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError):  # once: no return at all
         driver.read_line(2)
-    assert time.monotonic() - started < 10
     driver.close(timeout=0)
-    started = time.monotonic()
+    # The in-container timeout is stopped too; the host's backstop (timeout + 30 s) cuts the exec
+    # while `sleep` still runs (once: it returned after 60 s as a clean exit, not timed out).
     result = sandbox.exec(["sh", "-c", "kill -STOP -1; sleep 60"], timeout=1)
-    assert result.timed_out and time.monotonic() - started < 40  # the host's backstop: timeout + 30 s
+    assert result.timed_out and b"no answer from the docker exec stream" in result.stderr
     sandbox.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"])
 
 
