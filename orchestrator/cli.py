@@ -125,6 +125,75 @@ def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.O
     console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
 
 
+@app.command("results")
+def results_cmd(run: Path,
+                format: str = typer.Option("parquet", "--format", help="parquet | csv | json"),
+                out: Optional[Path] = typer.Option(None, help="folder to write to (default RUN/results)"),
+                resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
+    """RUN's results as data: instances (one row per instance) and measures (every number of the
+    report, long format, unrounded). Rewrites the report first when the records are newer."""
+    from orchestrator.analysis import results
+    from orchestrator.analysis.report import results_current, write_report
+    from orchestrator.records import RunPaths
+    if format not in ("parquet", "csv", "json"):
+        _fail(f"--format {format!r}: use parquet, csv or json")
+    paths = RunPaths(run)
+    if not paths.cells.is_dir():
+        _fail(f"{run}: not a run directory (no cells/)")
+    if not results_current(run):
+        console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
+    target = out or paths.results
+    for path in results.export(paths.results, target, format):
+        console.print(f"{path}", highlight=False)
+
+
+@app.command("compare")
+def compare_cmd(run_a: Path, run_b: Path,
+                out: Optional[Path] = typer.Option(None, help="also write the table (.csv, .parquet or .json)"),
+                resamples: int = typer.Option(10_000), seed: int = typer.Option(0),
+                phase: str = typer.Option("stream", help="stream | epilogue | fresh")) -> None:
+    """Pair every cell of RUN_A with the cell of RUN_B on the same schedule (learner, row, track,
+    effort, order, seed) and print the slot-paired difference A - B in budget share, with its
+    bootstrap interval over tasks."""
+    import numpy as np
+    from rich.table import Table
+
+    from orchestrator.analysis import results
+    from orchestrator.analysis.compare import compare_runs
+    from orchestrator.analysis.report import pct, pct_ci
+    from orchestrator.records import RunPaths
+    for run in (run_a, run_b):
+        if not RunPaths(run).cells.is_dir():
+            _fail(f"{run}: not a run directory (no cells/)")
+    table = compare_runs(run_a, run_b, np.random.default_rng(seed), resamples, phase=phase)
+    if table.empty:
+        _fail(f"no cell of {run_a} has a cell of {run_b} with the same learner, row, track, effort, "
+              "order and seed")
+    models = bool((table["model_a"] != table["model_b"]).any())
+    shown = Table(title=f"{run_a.name} (A) against {run_b.name} (B), {phase} instances, "
+                        "budget share %; A - B in points, negative: A used less")
+    shown.add_column("cell", overflow="fold")
+    if models:
+        shown.add_column("model A", overflow="fold")
+        shown.add_column("model B", overflow="fold")
+    for column in ("A", "B", "A - B", "excluded beyond", "MDE", "pairs"):
+        shown.add_column(column, justify="right", no_wrap=column != "excluded beyond")
+    for r in table.itertuples():
+        named = [r.cell_a, *([str(r.model_a), str(r.model_b)] if models else [])]
+        if r.problem:
+            shown.add_row(*named, "", "", r.problem, "", "", "0")
+            continue
+        shown.add_row(*named, pct(r.budget_a), pct(r.budget_b),
+                      pct_ci(r.mean, r.lo, r.hi, signed=True), pct(r.bound), pct(r.mde), str(r.pairs))
+    console.print(shown)
+    if out is not None:
+        try:
+            results.write_frame(table, out)
+        except ValueError as exc:
+            _fail(str(exc))
+        console.print(f"table: {out}", highlight=False)
+
+
 @stream_app.command("show")
 def stream_show(order: str = typer.Option("workstreams", help="sequential | workstreams | random"),
                 seed: int = typer.Option(0), tasks: int = typer.Option(25),

@@ -4,7 +4,9 @@
       grid.yaml                 the validated grid, paths resolved: the only grid resume reads
       grid.original.yaml        the grid file as the user wrote it (for the audit)
       prompts.yaml, labels.*    copies of the files the grid names, so the folder resumes alone
-      report.md, report.html    the report (orchestrator/analysis)
+      report.md, report.html    the report (orchestrator/analysis), rendered from results/
+      results/                  instances.parquet (one row per instance), measures.parquet
+                                (every number of the report, long format, unrounded)
       inspect/                  what the harnesses kept (stores_inspector)
       logs/                     the embedded model servers' logs and usage counts
       cells/<cell-id>/
@@ -54,6 +56,7 @@ class RunPaths:
         self.logs = self.root / "logs"
         self.report_md = self.root / "report.md"
         self.report_html = self.root / "report.html"
+        self.results = self.root / "results"
         self.inspect = self.root / "inspect"
 
     @property

@@ -82,9 +82,9 @@ def test_no_container_of_the_run_is_left_behind(run_dir):
 def test_the_report_has_the_journal_section_with_every_call(run_dir):
     from orchestrator.analysis.report import write_report
     text = write_report(run_dir, resamples=200).read_text()
-    assert "## Model calls (proxy journal)" in text
+    assert "## Model calls and dollars (proxy journal)" in text
     calls = len(server_ledger(run_dir))
-    section = text.split("## Model calls (proxy journal)")[1].split("\n## ")[0]
+    section = text.split("## Model calls and dollars (proxy journal)")[1].split("\n## ")[0]
     counted = [int(line.split("|")[2]) for line in section.splitlines()
                if line.startswith("|") and "." in line.split("|")[1]]
     assert sum(counted) == calls

@@ -44,14 +44,16 @@ POWER = 0.8  # the power at which a paired difference's minimum detectable effec
 EXPOSURES = tuple(range(8))
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
-INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "cost", "first_submit_demos",
+INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason", "cost",
+            "demos_used", "attempts_used", "malformed", "first_submit_demos",
             "first_answer_correct", "wall_s", "model_calls", "prompt_tokens", "completion_tokens",
             "model_s", "cost_usd")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.
 SCHEDULE_KEYS = ("track", "model", "effort", "order", "seed")
 # Lower edges of the gap bins (instances since the task was last served); the last bin is open.
 GAP_EDGES = (1, 2, 4, 8, 16, 32, 64)
-_COUNTS = ("cost", "model_calls", "prompt_tokens", "completion_tokens")
+_COUNTS = ("cost", "demos_used", "attempts_used", "malformed", "model_calls", "prompt_tokens",
+           "completion_tokens")
 _FLOATS = ("first_submit_demos", "wall_s", "model_s", "cost_usd")
 
 
@@ -633,7 +635,7 @@ def paired_difference(df: pd.DataFrame, cell_a: str, cell_b: str, rng: np.random
     return PairedDifference(*estimate, pairs=len(pairs))
 
 
-def _paired_means(pairs: pd.DataFrame, rng: Resampling, n: int, level: float) -> pd.DataFrame:
+def paired_means(pairs: pd.DataFrame, rng: Resampling, n: int, level: float) -> pd.DataFrame:
     """Per key of a `paired_instances` frame: mean, lo, hi, bound and mde (`sensitivity`) of
     share a - share b, and pairs."""
     sums = mean_sums(pairs[["key", "task"]], {"mean": pairs["share_a"] - pairs["share_b"]})
@@ -651,7 +653,7 @@ def differences_from_floor(df: pd.DataFrame, cells: Mapping[str, Mapping[str, An
     compared = [(cell_id, floors[_schedule(s)]) for cell_id, s in cells.items()
                 if s.get("learner") != FLOOR and _schedule(s) in floors]
     pairs = paired_instances(df, [(c, c, floor) for c, floor in compared])
-    table = _paired_means(pairs, rng, n, level).reindex([c for c, _ in compared])
+    table = paired_means(pairs, rng, n, level).reindex([c for c, _ in compared])
     rows = [{"cell": c, "label": cell_label(cells[c]), "floor": floor,
              "mean": table.at[c, "mean"], "lo": table.at[c, "mean_lo"],
              "hi": table.at[c, "mean_hi"], "bound": table.at[c, "mean_bound"],
@@ -678,8 +680,8 @@ def twin_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: flo
     twins, demo = twin_cells(df), demo_cache_cells(df)
     twin_pairs = paired_instances(df, [(name[c], c, t) for c, t in twins.items()])
     demo_pairs = paired_instances(df, [(name[c], c, d) for c, d in demo.items()])
-    twin = _paired_means(twin_pairs, rng, n, level)
-    floor = _paired_means(demo_pairs, rng, n, level)
+    twin = paired_means(twin_pairs, rng, n, level)
+    floor = paired_means(demo_pairs, rng, n, level)
     keys = [k for k in pd.unique(data[key]) if k in twin.index or k in floor.index]
     settings = data.drop_duplicates(key).set_index(key)
     table = pd.DataFrame({

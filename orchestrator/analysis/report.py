@@ -18,9 +18,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from orchestrator.analysis import measures, plots, report_html, tables
-from orchestrator.analysis.journal_summary import TITLE as JOURNAL_TITLE
-from orchestrator.analysis.journal_summary import journal_section
+from orchestrator.analysis import journal_summary, measures, plots, report_html, results, tables
 from orchestrator.records import Event, RunPaths, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
@@ -391,21 +389,22 @@ def _curve_alt(kind: str, curves: pd.DataFrame, axis: str, ticks: Mapping[int, s
     return alt
 
 
-def report_figures(frame: pd.DataFrame, result: measures.RunAnalysis, rng: np.random.Generator,
-                   resamples: int) -> list[report_html.Figure]:
-    """The report's figures: budget against exposure and against the gap since last seen (after
-    the exposure table), savings against the stateless floor (after its table), and compute
-    against budget share (after the per-cell table). None without a finished stream instance."""
-    if result.cells.empty or not (frame["phase"] == "stream").any():
+def report_figures(result: measures.RunAnalysis, curves: Mapping[str, pd.DataFrame]
+                   ) -> list[report_html.Figure]:
+    """The report's figures, drawn from the measures as read back from `measures.parquet`:
+    budget against exposure and against the gap since last seen (after the exposure table),
+    savings against the stateless floor (after its table), and compute against budget share
+    (after the per-cell table). None without a finished stream instance."""
+    exposure = curves.get("exposure_curves", pd.DataFrame())
+    if result.cells.empty or exposure.empty:
         return []
-    exposure = plots.exposure_curves(frame, rng, resamples)
     exposure_ticks = {int(x): str(int(x)) for x in exposure["x"]}
     figures = [report_html.Figure(
         "Budget against exposure index", plots.budget_by_exposure(exposure),
         _curve_alt("Line chart", exposure, "exposure index", exposure_ticks),
         "Stream instances; error bars are 95% bootstrap intervals over tasks, drawn per "
         "exposure.", section=EXPOSURE)]
-    gaps = plots.gap_curves(frame, rng, resamples)
+    gaps = curves.get("gap_curves", pd.DataFrame())
     if not gaps.empty:
         gap_ticks = {int(x): plots.gap_label(int(x)) for x in gaps["x"]}
         figures.append(report_html.Figure(
@@ -446,32 +445,104 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES) -> Path:
-    """Read the run in `run_dir`, analyse it and write `run_dir/report.md` and
-    `run_dir/report.html` (the same tables plus the figures, one self-contained file); returns
-    the markdown path."""
-    run_dir = Path(run_dir)
+# Tables of the run beyond `tables.run_measures`, rendered by their own sections.
+COMPUTE, FAULTS, UNFINISHED = "compute", "faults", "unfinished"
+CURVES = ("exposure_curves", "gap_curves")
+OWN_SECTIONS = (COMPUTE, FAULTS, UNFINISHED, *CURVES)
+_CURVE_INTERVALS = {name: {"budget": ("lo", "hi")} for name in CURVES}
+
+
+def run_tables(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES
+               ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """Every table of a run's report, unrounded, by name (`tables.run_measures`, the journal's
+    compute per cell, infrastructure faults, unfinished instances, the figures' curves), and
+    the instance table of `results/instances.parquet`."""
     cells, events = load_run(run_dir)
     frame = measures.instances_frame(events, cells)
     # One set of task resamples for every table, so a quantity shown twice has one interval.
     draws = measures.TaskResamples(np.random.default_rng(seed), resamples)
-    result = measures.analyse(frame, cells, draws, resamples)
-    sections = measure_sections(frame, cells, draws, resamples)
-    calls = journal_section(run_dir)
-    if calls is not None:
-        sections[JOURNAL_TITLE] = calls
-    faults = measures.infrastructure_faults(events)
-    if not faults.empty:
+    out = dict(tables.run_measures(frame, cells, draws, resamples))
+    compute, per_instance = journal_summary.run_compute(run_dir)
+    out[COMPUTE] = compute
+    out[FAULTS] = measures.infrastructure_faults(events)
+    out[UNFINISHED] = measures.unfinished_instances(events).rename_axis("cell").reset_index()
+    # the figures draw from their own generator, so the tables never shift with them
+    figure_rng = np.random.default_rng([seed, _FIGURE_STREAM])
+    stream = frame["phase"] == "stream"
+    out["exposure_curves"] = (plots.exposure_curves(frame, figure_rng, resamples) if stream.any()
+                              else pd.DataFrame(columns=plots.CURVE_COLUMNS))
+    out["gap_curves"] = (plots.gap_curves(frame, figure_rng, resamples) if stream.any()
+                         else pd.DataFrame(columns=plots.CURVE_COLUMNS))
+    return out, results.instances_table(frame, per_instance)
+
+
+def results_current(run_dir: Path) -> bool:
+    """Whether `results/` exists and is newer than every events log and journal of the run."""
+    paths = RunPaths(run_dir)
+    written = [paths.results / results.INSTANCES, paths.results / results.MEASURES]
+    if not all(p.exists() for p in written):
+        return False
+    oldest = min(p.stat().st_mtime for p in written)
+    sources = [f for cell in paths.cell_folders()
+               for f in (cell.events, cell.journal / journal_summary.JOURNAL_FILE) if f.exists()]
+    return all(f.stat().st_mtime <= oldest for f in sources)
+
+
+def write_results(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES
+                  ) -> dict[str, pd.DataFrame]:
+    """Write `results/instances.parquet` and `results/measures.parquet`, and return the tables as
+    read back from the latter: what the report renders."""
+    run_dir = Path(run_dir)
+    computed, instances = run_tables(run_dir, seed, resamples)
+    long, layout = results.to_long(computed, _CURVE_INTERVALS)
+    layout["run"] = {"run": run_dir.resolve().name, "grid": _grid_name(run_dir), "seed": seed,
+                     "resamples": resamples, "level": measures.LEVEL}
+    paths = RunPaths(run_dir)
+    results.write_instances(paths.results / results.INSTANCES, instances)
+    results.write_measures(paths.results / results.MEASURES, long, layout)
+    return results.read_tables(paths.results / results.MEASURES)
+
+
+def _compute_section(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    headers = ["cell", "calls", "retries", "errors", "refused", "404 probes", "after verdict",
+               "prompt tokens", "completion tokens", "USD", "unpriced calls", "latency p50 s",
+               "latency p99 s", "USD/instance", "wall s/instance", "model s/instance",
+               "overhead s/instance"]
+    rows = [[r.cell, _number(r.calls), _number(r.retries), _number(r.errors), _number(r.refused),
+             _number(r.probes), _number(r.after_verdict), _number(r.prompt_tokens),
+             _number(r.completion_tokens), _usd(r.usd), _number(r.unpriced),
+             _number(r.latency_p50_s, 3), _number(r.latency_p99_s, 3), _usd(r.usd_per_instance),
+             _number(r.wall_s_per_instance, 2), _number(r.model_s_per_instance, 2),
+             _number(r.overhead_s_per_instance, 2)] for r in table.itertuples()]
+    return journal_summary.INTRO, _frame(headers, rows)
+
+
+def _usd(x: float) -> str:
+    return DASH if _missing(x) else f"{x:,.4f}"
+
+
+def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES) -> Path:
+    """Analyse the run in `run_dir`, write `results/*.parquet`, and render `report.md` and
+    `report.html` (the same tables plus the figures, one self-contained file) from
+    `results/measures.parquet` as read back; returns the markdown path."""
+    run_dir = Path(run_dir)
+    data = write_results(run_dir, seed, resamples)
+    result = measures.RunAnalysis(cells=data["cells"], exposure=data["exposure"],
+                                  floor_differences=data["floor"],
+                                  forward_transfer=data["transfer"])
+    sections = measure_tables_sections({k: v for k, v in data.items() if k not in OWN_SECTIONS})
+    if not data[COMPUTE].empty:
+        sections[journal_summary.TITLE] = _compute_section(data[COMPUTE])
+    if not data[FAULTS].empty:
         sections[INFRASTRUCTURE] = (
             "A proxy or container of the cell died under these instances. Nothing was charged for "
-            "them: each was run again from its records after the cell's services restarted.", faults)
-    unfinished = measures.unfinished_instances(events)
+            "them: each was run again from its records after the cell's services restarted.",
+            display_frame(data[FAULTS]))
+    unfinished = data[UNFINISHED].set_index("cell")["unfinished"]
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = RunPaths(run_dir).report_md
     _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections))
-    figures = report_figures(frame, result, np.random.default_rng([seed, _FIGURE_STREAM]),
-                             resamples)
     _write(RunPaths(run_dir).report_html, report_html.render_html(
         _title(run_id, grid_name), _intro(result, resamples, seed),
-        report_sections(result, unfinished, sections), figures))
+        report_sections(result, unfinished, sections), report_figures(result, data)))
     return path

@@ -1,0 +1,199 @@
+"""Results as data: `results/instances.parquet` and `results/measures.parquet` load in pandas and
+reproduce every number of report.md; `carc results` exports them; `carc compare` pairs two runs.
+
+The real run is a small ladder grid on the embedded model through the journaling host proxy
+(program checks in host processes: no Docker needed), so the compute columns come from a real
+journal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.analysis import measures, results, tables
+from orchestrator.analysis.compare import compare_runs
+from orchestrator.analysis.report import load_run, write_report
+from orchestrator.cli import app
+from orchestrator.records import Event, EventLog, RunPaths, read_events
+from orchestrator.run.grid_run import execute
+from proxy.journal import read_journal
+
+GRID = """\
+name: results
+seed: 2
+track: {name: own, tasks: 3, visits: 2, epilogue: 2, fresh_reference: true}
+orders: [workstreams]
+efforts: [low]
+learners: [stateless-floor, demo-cache-floor]
+sandbox: {engine: process}
+workers: 2
+"""
+NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("results") / "runs" / "small"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(textwrap.dedent(GRID))
+    execute(run, show_progress=False)
+    write_report(run, seed=0, resamples=2_000)
+    return run
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """The data rows of every markdown table of a report, as lists of cell strings."""
+    found, current = [], None
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if current is None:
+                current = []
+            elif not all(set(c) <= set("-: ") for c in cells):
+                current.append(cells)
+        elif current is not None:
+            found.append(current)
+            current = None
+    return found + ([current] if current else [])
+
+
+def _spellings(value: float) -> set[str]:
+    """Every way the report writes a number: percent (one decimal, signed or not), counts with
+    separators, two, three or four decimals."""
+    if not np.isfinite(value):
+        return set()
+    out = {f"{value:,.0f}", f"{value:,.1f}", f"{value:,.2f}", f"{value:,.3f}", f"{value:,.4f}"}
+    out |= {f"{100 * value:.1f}", f"{100 * value:+.1f}", f"{100 * value:+.1f}".replace("+", "")}
+    return out
+
+
+def test_every_number_of_the_report_is_in_the_parquet_files(run):
+    long = pd.read_parquet(run / "results" / "measures.parquet")
+    instances = pd.read_parquet(run / "results" / "instances.parquet")
+    known = set()
+    for column in ("value", "lo", "hi"):
+        for value in long[column].dropna():
+            known |= _spellings(float(value))
+    keys = {str(v) for c in long.columns if c not in results.LONG for v in long[c].dropna()}
+    text = (run / "report.md").read_text()
+    checked = 0
+    for table in _tables(text):
+        for row in table:
+            for cell in row:
+                if cell in keys or cell == "–":
+                    continue
+                for number in NUMBER.findall(cell):
+                    assert number in known, f"{number!r} of {cell!r} (row {row[0]}) is in no parquet value"
+                    checked += 1
+    assert checked > 150
+    # the instance table reproduces the per-cell budget and solved shares by itself
+    cells = long[long["table"] == "cells"]
+    stream = instances[instances["phase"] == "stream"].groupby("cell")
+    for measure, column in (("budget", "share"), ("solved", "solved")):
+        stated = cells[cells["measure"] == measure].set_index("cell")["value"]
+        assert np.allclose(stated.sort_index(), stream[column].mean().sort_index())
+    assert (cells[cells["measure"] == "n"].set_index("cell")["value"].sort_index()
+            == stream.size().sort_index()).all()
+
+
+def test_instances_hold_every_finished_instance_with_the_journals_compute(run):
+    instances = pd.read_parquet(run / "results" / "instances.parquet")
+    for folder in RunPaths(run).cell_folders():
+        ends = [e for e in read_events(folder.events) if e.type == "instance_end"]
+        mine = instances[instances["cell"] == folder.name].set_index("slot")
+        assert sorted(mine.index) == sorted(e.slot for e in ends)
+        for e in ends:
+            assert (mine.at[e.slot, "task"], mine.at[e.slot, "cost"], mine.at[e.slot, "pairs"],
+                    mine.at[e.slot, "wrong_answers"]) == (e.task, e.cost, e.demos_used, e.attempts_used)
+        journal = read_journal(folder.journal / "journal.jsonl")
+        finished = {e.slot for e in ends}
+        assert mine["calls"].sum() == sum(1 for j in journal if j.slot in finished)
+        assert mine["input_tokens"].sum() == sum(j.prompt_tokens or 0 for j in journal if j.slot in finished)
+        assert (mine["compute_source"] == "journal").all()
+    assert set(instances["phase"]) == {"stream", "epilogue", "fresh"}
+
+
+def test_measures_round_trip_every_table_exactly(run):
+    cells, events = load_run(run)
+    frame = measures.instances_frame(events, cells)
+    computed = tables.run_measures(frame, cells, measures.TaskResamples(np.random.default_rng(0), 500), 500)
+    long, layout = results.to_long(computed)
+    path = run / "round-trip.parquet"
+    results.write_measures(path, long, layout)
+    back = results.read_tables(path)
+    assert list(back) == list(computed)
+    for name, table in computed.items():
+        pd.testing.assert_frame_equal(back[name], table, obj=name)
+
+
+def test_carc_results_exports_csv_and_json(run, tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["results", str(run), "--format", "csv", "--out", str(tmp_path / "csv")])
+    assert out.exit_code == 0, out.output
+    csv = pd.read_csv(tmp_path / "csv" / "instances.csv")
+    assert len(csv) == len(pd.read_parquet(run / "results" / "instances.parquet"))
+    out = runner.invoke(app, ["results", str(run), "--format", "json", "--out", str(tmp_path / "json")])
+    assert out.exit_code == 0, out.output
+    records = json.loads((tmp_path / "json" / "measures.json").read_text())
+    assert len(records) == len(pd.read_parquet(run / "results" / "measures.parquet"))
+    assert runner.invoke(app, ["results", str(run), "--format", "xlsx"]).exit_code == 2
+
+
+def _rewrite_costs(run: Path, cell: str, costs: dict[int, int]) -> None:
+    """Another run's record of the same schedule: `cell`'s stream instances at these slots cost
+    differently (and are solved when cheaper than 16)."""
+    path = RunPaths(run).cell(cell).events
+    events = read_events(path)
+    path.unlink()
+    with EventLog(path) as log:
+        for e in events:
+            if e.type == "instance_end" and e.slot in costs:
+                e = e.model_copy(update={"cost": costs[e.slot],
+                                         "status": "failed" if costs[e.slot] == 16 else "solved"})
+            log.append(e)
+
+
+def test_compare_pairs_the_same_schedule_across_runs(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    floor = "stateless-floor.low.workstreams.s2"
+    ends = {e.slot: e for e in read_events(RunPaths(run).cell(floor).events)
+            if e.type == "instance_end" and e.phase == "stream"}
+    changed = {slot: 0 if e.cost else 16 for slot, e in list(ends.items())[:3]}
+    _rewrite_costs(other, floor, changed)
+    table = compare_runs(run, other, np.random.default_rng(0), 1_000).set_index("cell_a")
+    expected = np.mean([(ends[s].cost - changed.get(s, ends[s].cost)) / 16 for s in ends])
+    assert table.at[floor, "pairs"] == len(ends)
+    assert table.at[floor, "mean"] == pytest.approx(expected)
+    assert table.at[floor, "lo"] <= expected <= table.at[floor, "hi"]
+    demo = "demo-cache-floor.low.workstreams.s2"
+    assert (table.at[demo, "mean"], table.at[demo, "lo"], table.at[demo, "hi"]) == (0, 0, 0)
+    out = CliRunner().invoke(app, ["compare", str(run), str(other), "--resamples", "500",
+                                   "--out", str(tmp_path / "cmp.parquet")])
+    assert out.exit_code == 0, out.output
+    assert len(pd.read_parquet(tmp_path / "cmp.parquet")) == 2
+
+
+def test_compare_refuses_to_pair_slots_that_serve_different_instances(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    floor = "stateless-floor.low.workstreams.s2"
+    path = RunPaths(other).cell(floor).events
+    events = read_events(path)
+    path.unlink()
+    with EventLog(path) as log:
+        for e in events:
+            log.append(e.model_copy(update={"task": "another-task"}) if e.slot == 0 else e)
+    table = compare_runs(run, other, np.random.default_rng(0), 200).set_index("cell_a")
+    assert "not on the same schedule" in table.at[floor, "problem"]
+    assert table.at[floor, "pairs"] == 0
+    assert pd.isna(table.at["demo-cache-floor.low.workstreams.s2", "problem"])
