@@ -40,12 +40,15 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              run_id: Optional[str] = typer.Option(None, help="name of the run directory (an existing "
                                                   "one continues if it holds the same grid)"),
              workers: Optional[int] = typer.Option(None, help="cells run in parallel"),
+             usd_per_cell: Optional[float] = typer.Option(
+                 None, help="with --resume: set the run's limits.usd_per_cell (cells stopped at "
+                            "the old cap continue)"),
              report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
-    from orchestrator.run.grid_run import RunInterrupted, execute, start_run
+    from orchestrator.run.grid_run import RunInterrupted, execute, set_usd_per_cell, start_run, stopped_cells
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
@@ -55,8 +58,12 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             if not RunPaths(resume).grid.exists():
                 _fail(f"{resume}: not a run directory (no grid.yaml)")
             run_dir = resume
+            if usd_per_cell is not None:
+                set_usd_per_cell(run_dir, usd_per_cell)
             execute(run_dir, workers)
         else:
+            if usd_per_cell is not None:
+                _fail("--usd-per-cell is for --resume; a new run takes limits.usd_per_cell from its grid")
             run_dir = start_run(grid, runs_dir, run_id, workers)
     except RunInterrupted as exc:
         console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
@@ -64,6 +71,11 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     except (GridFileError, ValueError, RuntimeError) as exc:
         _fail(str(exc))
     console.print(f"run: {run_dir}")
+    stopped = stopped_cells(run_dir)
+    if stopped:
+        console.print(f"[yellow]{len(stopped)} cell(s) stopped at limits.usd_per_cell[/yellow]: "
+                      f"{', '.join(stopped)}; raise it with `carc grid run --resume {run_dir} "
+                      "--usd-per-cell X`", highlight=False, soft_wrap=True)
     if report:
         console.print(f"report: {write_report(run_dir)}")
         _inspect_harness_cells(run_dir)
@@ -123,6 +135,62 @@ def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.O
     if not RunPaths(run).cells.is_dir():
         _fail(f"{run}: not a run directory (no cells/)")
     console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
+
+
+@app.command("status")
+def status_cmd(run: Path, json_out: bool = typer.Option(False, "--json", help="machine-readable"),
+               watch: float = typer.Option(0.0, help="refresh every this many seconds (Ctrl-C ends)")) -> None:
+    """Where RUN stands: cells done / running / stopped / failed / waiting, instances, budget and
+    dollars so far, seconds per instance and the estimated finish. Reads the folder only."""
+    import time as _time
+
+    from rich.live import Live
+
+    from orchestrator.records import RunPaths
+    from orchestrator.run.status import run_status
+    if not RunPaths(run).grid.exists():
+        _fail(f"{run}: not a run directory (no grid.yaml)")
+    if json_out:
+        print(run_status(run).to_json())
+        return
+    if watch <= 0:
+        console.print(_status_table(run_status(run)))
+        return
+    try:
+        with Live(_status_table(run_status(run)), console=console, refresh_per_second=1) as live:
+            while True:
+                _time.sleep(watch)
+                live.update(_status_table(run_status(run)))
+    except KeyboardInterrupt:
+        pass
+
+
+def _status_table(status) -> "Table":
+    from rich.table import Table
+
+    from orchestrator.analysis.report import pct
+
+    def duration(seconds: float | None) -> str:
+        if seconds is None:
+            return "–"
+        minutes = int(seconds // 60)
+        return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"
+
+    counts = ", ".join(f"{n} {state}" for state, n in status.counts().items() if n)
+    rate = f"{status.rate_per_hour:,.0f} instances/h" if status.rate_per_hour else "no rate yet"
+    finish = (f"finish in about {duration(status.eta_s)}" if status.eta_s is not None
+              else "no run process alive" if not status.process_alive else "finish: not yet estimable")
+    table = Table(title=f"run {status.run}: {counts}; {status.finished:,}/{status.total:,} instances, "
+                        f"${status.usd:,.4f}; {rate}; {finish}", title_justify="left")
+    table.add_column("cell", overflow="fold")
+    for column in ("state", "instances", "budget %", "solved %", "USD", "s/instance"):
+        table.add_column(column, justify="left" if column == "state" else "right", no_wrap=True)
+    for c in status.cells:
+        table.add_row(c.cell, c.state if not c.failure else f"failed: {c.failure[:60]}",
+                      f"{c.finished}/{c.total}", pct(c.budget) if c.budget is not None else "–",
+                      pct(c.solved) if c.solved is not None else "–", f"{c.usd:,.4f}",
+                      f"{c.seconds_per_instance:.1f}" if c.seconds_per_instance is not None else "–")
+    return table
 
 
 @app.command("results")

@@ -37,8 +37,10 @@ from orchestrator.protocol import FailureKind
 
 # infrastructure_fault: the cell's proxy or a container stopped under an instance; nothing is charged
 # for it and the instance is run again (after the services restart, or on resume).
+# stopped: the cell reached a limit (limits.usd_per_cell) before this slot's instance began; the
+# slot was not started, and runs on resume once the limit is raised.
 EventType = Literal["instance_start", "step", "instance_end", "resumed", "learner_error",
-                    "infrastructure_fault"]
+                    "infrastructure_fault", "stopped"]
 Phase = Literal["stream", "epilogue", "fresh"]
 # Version of the records below; readers take a record without one as format 1 (before wiped_before,
 # failure_kind and the typed cell and sandbox records).
@@ -218,6 +220,12 @@ class RecordsUnwritable(RuntimeError):
     """The run folder would not take a record (disk full, permissions, a lost mount): the run
     stops here, and nothing is charged to the learner for it; resume starts from the last
     record written."""
+
+
+def last_stop(events: list[Event]) -> Event | None:
+    """The `stopped` event a cell ended on, or None when it ran on after it (or never stopped)."""
+    last = next((e for e in reversed(events) if e.type in ("stopped", "instance_start", "resumed")), None)
+    return last if last is not None and last.type == "stopped" else None
 
 
 class EventLog:

@@ -48,6 +48,24 @@ class PriceTable:
                                  f"(USD per million tokens), got {entry!r}") from e
         return cls(prices, str(path))
 
+    def merged(self, other: PriceTable) -> PriceTable:
+        """This table with `other`'s models added, and its prices where both list a model."""
+        return PriceTable({**self.prices, **other.prices}, f"{self.source} + {other.source}")
+
+    def with_price(self, model: str, input_per_m: float, output_per_m: float, source: str) -> PriceTable:
+        return PriceTable({**self.prices, model: Price(input_per_m, output_per_m)},
+                          f"{self.source} + {source}")
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the table in the shape `load` reads (written whole, then renamed)."""
+        path = Path(path)
+        data = {"about": f"USD per million tokens (input / output); from {self.source}",
+                "models": {name: {"input": p.input_per_m, "output": p.output_per_m}
+                           for name, p in self.prices.items()}}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
     def lookup(self, model: str | None) -> Price | None:
         if not model:
             return None

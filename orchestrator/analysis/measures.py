@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from orchestrator.records import Event
+from orchestrator.records import Event, last_stop
 from orchestrator.rows import label, row_name, twins_of
 
 BUDGET = 16
@@ -133,10 +133,18 @@ def unfinished_instances(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.Se
     """Per cell, the instances that were started but have no `instance_end` yet (in progress)."""
     counts = {}
     for cell_id, events in events_by_cell.items():
-        started = {e.slot for e in events if e.type != "instance_end"}
+        started = {e.slot for e in events if e.type not in ("instance_end", "stopped")}
         ended = {e.slot for e in events if e.type == "instance_end"}
         counts[cell_id] = len(started - ended)
     return pd.Series(counts, name="unfinished", dtype="int64")
+
+
+def stopped_cells(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.DataFrame:
+    """Cells whose latest record is a stop at a limit (limits.usd_per_cell): cell, the slot not
+    begun, dollars spent and the reason. A cell that ran on after a raised limit is not listed."""
+    rows = [{"cell": cell_id, "slot": stop.slot, "usd_spent": stop.cost_usd, "reason": stop.reason or ""}
+            for cell_id, events in events_by_cell.items() if (stop := last_stop(list(events))) is not None]
+    return pd.DataFrame(rows, columns=["cell", "slot", "usd_spent", "reason"])
 
 
 def infrastructure_faults(events_by_cell: Mapping[str, Sequence[Event]]) -> pd.DataFrame:

@@ -446,9 +446,10 @@ def _write(path: Path, text: str) -> None:
 
 
 # Tables of the run beyond `tables.run_measures`, rendered by their own sections.
-COMPUTE, FAULTS, UNFINISHED = "compute", "faults", "unfinished"
+COMPUTE, FAULTS, UNFINISHED, STOPPED = "compute", "faults", "unfinished", "stopped"
 CURVES = ("exposure_curves", "gap_curves")
-OWN_SECTIONS = (COMPUTE, FAULTS, UNFINISHED, *CURVES)
+OWN_SECTIONS = (COMPUTE, FAULTS, UNFINISHED, STOPPED, *CURVES)
+STOPPED_TITLE = "Cells stopped at their dollar cap"
 _CURVE_INTERVALS = {name: {"budget": ("lo", "hi")} for name in CURVES}
 
 
@@ -466,6 +467,7 @@ def run_tables(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES
     out[COMPUTE] = compute
     out[FAULTS] = measures.infrastructure_faults(events)
     out[UNFINISHED] = measures.unfinished_instances(events).rename_axis("cell").reset_index()
+    out[STOPPED] = measures.stopped_cells(events)
     # the figures draw from their own generator, so the tables never shift with them
     figure_rng = np.random.default_rng([seed, _FIGURE_STREAM])
     stream = frame["phase"] == "stream"
@@ -538,6 +540,14 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
             "A proxy or container of the cell died under these instances. Nothing was charged for "
             "them: each was run again from its records after the cell's services restarted.",
             display_frame(data[FAULTS]))
+    if not data[STOPPED].empty:
+        stopped = data[STOPPED]
+        sections[STOPPED_TITLE] = (
+            "These cells reached limits.usd_per_cell before the slot named: nothing of that slot "
+            "ran, every instance before it stands and is scored above. Raise the cap and resume "
+            "(`carc grid run --resume RUN --usd-per-cell X`) to continue them exactly there.",
+            _frame(["cell", "next slot", "USD spent", "reason"],
+                   [[r.cell, r.slot, _usd(r.usd_spent), r.reason] for r in stopped.itertuples()]))
     unfinished = data[UNFINISHED].set_index("cell")["unfinished"]
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
     path = RunPaths(run_dir).report_md

@@ -23,7 +23,7 @@ from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.prompts import PromptSet
 from orchestrator.records import CellPaths, SandboxRecord
-from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, run_prices
 from proxy.host import CONTROL_FILE
 from sandboxes.environment import LeftOut, StateVolume
 
@@ -137,7 +137,8 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             host = urlsplit(upstream).netloc
             proxy = stack.enter_context(HostProxy(
                 journal_dir(cell_dir), cell.cell, upstream, allow=(host,),
-                key_env=grid.model.api_key_env, mode="reverse"))
+                key_env=grid.model.api_key_env, mode="reverse",
+                prices=run_prices(CellPaths(cell_dir).run.root)))
             base_url = proxy.base_url
         executor: ProgramExecutor = local_executor
         record = SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url,
@@ -172,7 +173,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     spec = SandboxSpec(
         ensure_image(adapter.recipe, grid.sandbox.base), run=CellPaths(cell_dir).run.name, cell=cell.cell,
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
-                        key_env=grid.model.api_key_env),
+                        key_env=grid.model.api_key_env, prices=run_prices(CellPaths(cell_dir).run.root)),
         limits=sandbox_limits(grid))
     sandbox = DockerSandbox(spec).start()
     try:

@@ -21,6 +21,7 @@ from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.rows import label
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
+from proxy.prices import PriceTable
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
 
 # harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/learners.yaml)
@@ -70,8 +71,10 @@ class ModelConfig(_Strict):
     endpoint: str = Field(EMBEDDED, description="'embedded' (the project's solver model) or a base URL")
     name: str = "carc-solver"
     api_key_env: str = "OPENAI_API_KEY"
-    input_usd_per_mtok: float = Field(0.0, ge=0)
-    output_usd_per_mtok: float = Field(0.0, ge=0)
+    input_usd_per_mtok: float | None = Field(None, ge=0, description="the model's input price "
+                                             "(USD per million tokens); null: the price table's")
+    output_usd_per_mtok: float | None = Field(None, ge=0, description="the model's output price; "
+                                              "null: the price table's")
     timeout_s: float = Field(600.0, gt=0)
     max_tokens: int | None = None
     seed: int = Field(0, ge=0, description="the embedded model's seed (with each conversation, it "
@@ -90,8 +93,8 @@ class ModelConfig(_Strict):
 
     def endpoint_for(self, effort: str, base_url: str) -> ModelEndpoint:
         return ModelEndpoint(base_url=base_url, model=self.name, api_key_env=self.api_key_env,
-                             effort=effort, input_usd_per_mtok=self.input_usd_per_mtok,
-                             output_usd_per_mtok=self.output_usd_per_mtok,
+                             effort=effort, input_usd_per_mtok=self.input_usd_per_mtok or 0.0,
+                             output_usd_per_mtok=self.output_usd_per_mtok or 0.0,
                              timeout_s=self.timeout_s, max_tokens=self.max_tokens)
 
 
@@ -117,6 +120,10 @@ class LimitsConfig(_Strict):
     snapshot_s: float = Field(600.0, gt=0, description="time one state snapshot may take")
     state_mb: int | None = Field(4096, ge=16, description="a harness's state volume quota (MiB): "
                                  "writing past it fails with ENOSPC in the sandbox; null: no quota")
+    usd_per_cell: float | None = Field(None, gt=0, description="dollars a cell may spend (the proxy "
+                                       "journal's, at the run's prices): checked before every "
+                                       "instance; at the cap the cell stops, recorded, and "
+                                       "continues on resume after the cap is raised")
 
     def limits(self) -> Limits:
         return Limits(max_malformed=self.max_malformed, wall_clock_s=self.wall_clock_s)
@@ -151,6 +158,8 @@ class GridConfig(_Strict):
     learners: list[LearnerEntry]
     limits: LimitsConfig = LimitsConfig()
     prompts: Path | None = None
+    prices: Path | None = Field(None, description="a price file (the shape of proxy/prices.json) whose "
+                                "models extend and override carc's table")
     workers: int = Field(2, ge=1, le=64)
     sandbox: SandboxConfig = SandboxConfig()
     proxy: ProxyConfig = ProxyConfig()
@@ -284,12 +293,18 @@ def load_grid(path: Path | str) -> GridConfig:
             message = err['msg'].removeprefix('Value error, ')
             lines.append(f"{path}:{_line_of(root, loc)}: {field}: {message}")
         raise GridFileError("\n".join(lines)) from None
+    if grid.prices is not None:
+        try:
+            PriceTable.load(grid.prices if grid.prices.is_absolute() else path.parent / grid.prices)
+        except ValueError as exc:
+            raise GridFileError(f"{path}:{_line_of(root, ('prices',))}: prices: {exc}") from None
     problems = grid.problems()
     if problems:
         raise GridFileError("\n".join(f"{path}:{_line_of(root, loc)}: {_field(loc)}: {message}"
                                       for loc, message in problems))
     base = path.parent
-    for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts")):
+    for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts"),
+                         (grid, "prices")):
         value = getattr(holder, attr)
         if value is not None and not value.is_absolute():
             setattr(holder, attr, (base / value).resolve())
@@ -300,7 +315,7 @@ def load_grid(path: Path | str) -> GridConfig:
 
 # Files a grid names that are copied into the run folder, so a run resumes from its folder alone
 # (Re-ARC's checkout is a folder of code, not copied: its absolute path is kept).
-_COPIED = ((("prompts",), "prompts"), (("track", "labels"), "labels"))
+_COPIED = ((("prompts",), "prompts"), (("track", "labels"), "labels"), (("prices",), "prices"))
 
 
 def run_grid_data(grid: GridConfig) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -320,6 +335,35 @@ def run_grid_data(grid: GridConfig) -> tuple[dict[str, Any], dict[str, Path]]:
     return data, copies
 
 
+EFFECTIVE_PRICES = "prices.effective.json"
+
+
+def price_table(grid: GridConfig) -> PriceTable:
+    """The run's prices: carc's table (`proxy/prices.json`), then the grid's `prices` file, then
+    the model's own `input_usd_per_mtok`/`output_usd_per_mtok` when given."""
+    table = PriceTable.load(None)
+    if grid.prices is not None:
+        table = table.merged(PriceTable.load(grid.prices))
+    model = grid.model
+    if model.input_usd_per_mtok is not None or model.output_usd_per_mtok is not None:
+        known = table.lookup(model.name)
+        table = table.with_price(
+            model.name, model.input_usd_per_mtok if model.input_usd_per_mtok is not None
+            else (known.input_per_m if known else 0.0),
+            model.output_usd_per_mtok if model.output_usd_per_mtok is not None
+            else (known.output_per_m if known else 0.0), "the grid's model prices")
+    return table
+
+
+def run_prices(run_root: Path) -> Path:
+    """The run's price file, written once from the stored grid (so a resumed run prices as it
+    started, whatever becomes of carc's table); every cell's proxy journals dollars by it."""
+    path = Path(run_root) / EFFECTIVE_PRICES
+    if not path.exists():
+        price_table(load_grid(RunPaths(run_root).grid)).dump(path)
+    return path
+
+
 def write_run_grid(grid: GridConfig, original: Path, run_root: Path) -> Path:
     """Write `grid.yaml` (validated, paths resolved), `grid.original.yaml` and the copied files."""
     data, copies = run_grid_data(grid)
@@ -332,6 +376,7 @@ def write_run_grid(grid: GridConfig, original: Path, run_root: Path) -> Path:
     path = RunPaths(run_root).grid
     path.write_text("# the validated grid of this run; resume reads only this file\n"
                     + yaml.safe_dump(data, sort_keys=False))
+    run_prices(run_root)
     return path
 
 

@@ -21,13 +21,14 @@ from typing import Iterator
 
 import httpx
 import structlog
+import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness_adapters import registry
 from orchestrator.records import RunPaths
 from orchestrator.rows import STATELESS_ROWS
 from proxy.host import die_with_parent, free_port
-from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid,
+from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid, run_prices,
                                          write_run_grid)
 
 log = structlog.get_logger("carc.grid")
@@ -98,7 +99,8 @@ def _init_worker(progress_queue) -> None:
 
 
 def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> str:
-    """Worker entry point: run one cell, reporting progress through the worker's queue."""
+    """Worker entry point: run one cell, reporting progress through the worker's queue; returns
+    "done", or "stopped" when the cell reached a limit (limits.usd_per_cell)."""
     from orchestrator.run.runner import CellRunner
 
     grid = load_grid(grid_path)
@@ -107,8 +109,7 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
     def progress(done: int, total: int) -> None:
         _progress_queue.put((cell.cell, done, total))
 
-    CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
-    return cell.cell
+    return CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
 
 
 class RunInterrupted(Exception):
@@ -124,14 +125,44 @@ class GridMismatch(ValueError):
     """A run folder was asked to continue with a grid other than the one it was started with."""
 
 
+def stopped_cells(run_dir: Path) -> list[str]:
+    """The cells of a run whose latest record is a stop at limits.usd_per_cell."""
+    from orchestrator.records import last_stop, read_events
+    return [cell.name for cell in RunPaths(run_dir).cell_folders()
+            if cell.events.exists() and last_stop(read_events(cell.events)) is not None]
+
+
+def set_usd_per_cell(run_dir: Path, usd: float) -> None:
+    """Change the stored grid's limits.usd_per_cell (the one field a run may change: it decides
+    when a cell stops, never what a verdict is)."""
+    if not usd > 0:
+        raise ValueError(f"--usd-per-cell {usd}: give a positive number of dollars")
+    path = RunPaths(run_dir).grid
+    grid = load_grid(path)
+    grid.limits.usd_per_cell = usd
+    text = path.read_text()
+    data = yaml.safe_load(text)
+    data.setdefault("limits", {})["usd_per_cell"] = float(usd)
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+    log.info("usd_per_cell_set", run=str(run_dir), usd=usd)
+
+
 def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
               workers: int | None = None) -> Path:
-    """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is
-    continued when the grid is the same one, and refused naming the differences when not."""
+    """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is continued when the grid is the
+    same one (limits.usd_per_cell may differ: the stored one is raised or lowered to it), and
+    refused naming the differences when not."""
     grid = load_grid(grid_path)
     run = RunPaths(runs_dir / (run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{grid.name}"))
     if run.grid.exists():
-        differences = grid_differences(load_grid(run.grid), grid)
+        stored = load_grid(run.grid)
+        if stored.limits.usd_per_cell != grid.limits.usd_per_cell and grid.limits.usd_per_cell:
+            set_usd_per_cell(run.root, grid.limits.usd_per_cell)
+            stored = load_grid(run.grid)
+        differences = grid_differences(stored, grid)
         if differences:
             raise GridMismatch(f"{run.root} was started with another grid: {'; '.join(differences[:8])}. "
                                f"Continue it with `carc grid run --resume {run.root}`, or give another --run-id")
@@ -174,17 +205,19 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
 
 
 def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True,
-            prune_at_end: bool = True) -> None:
-    """Run (or continue) every cell of the run in `run_dir`. `prune_at_end=False` leaves what
-    the cells' own teardowns left behind (the conformance check looks for it)."""
+            prune_at_end: bool = True) -> list[str]:
+    """Run (or continue) every cell of the run in `run_dir`; returns the cells that stopped at
+    a limit (limits.usd_per_cell). `prune_at_end=False` leaves what the cells' own teardowns
+    left behind (the conformance check looks for it)."""
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     cells = grid.cells()
+    run_prices(run_dir)  # before any worker: they only read it
     docker_used = needs_docker(grid)
     if docker_used:
         prepare_sandboxes(grid, run_dir, show_progress)
     try:
-        _execute(run_dir, grid_path, grid, cells, workers, show_progress)
+        return _execute(run_dir, grid_path, grid, cells, workers, show_progress)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI turns it into this)
         raise RunInterrupted(run_dir) from None
     finally:
@@ -210,9 +243,11 @@ def run_order(cells: list[Cell]) -> list[Cell]:
 
 
 def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell],
-             workers: int | None, show_progress: bool) -> None:
+             workers: int | None, show_progress: bool) -> list[str]:
+    from orchestrator.run.status import mark_started, record_failure
     workers = workers or min(grid.workers, len(cells))
     cells = run_order(cells)
+    mark_started(run_dir)
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     servers = max(1, min(workers, os.cpu_count() or 1))
@@ -233,7 +268,8 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
                                    str(RunPaths(run_dir).cell(c.cell).root), urls[k % len(urls)]): c
                        for k, c in enumerate(cells)}
             pending = set(futures)
-            failures = []
+            failures: list[str] = []
+            stopped: list[str] = []
             try:
                 while pending:
                     _drain(events, progress, bars)
@@ -241,9 +277,11 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
                     for future in done:
                         pending.discard(future)
                         try:
-                            future.result()
+                            if future.result() == "stopped":
+                                stopped.append(futures[future].cell)
                         except Exception as exc:  # report every failed cell, keep the others running
                             failures.append(f"{futures[future].cell}: {type(exc).__name__}: {exc}")
+                            record_failure(run_dir, futures[future].cell, f"{type(exc).__name__}: {exc}")
                     time.sleep(0.1)
             except BaseException:
                 # Leaving the pool would wait for every running cell; they are stopped instead
@@ -253,6 +291,7 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
             _drain(events, progress, bars)
     if failures:
         raise RuntimeError("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+    return stopped
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

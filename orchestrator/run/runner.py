@@ -29,7 +29,7 @@ from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, Ins
 from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellPaths, Event, EventLog,
                                   RecordsUnwritable, read_events, truncate_torn_tail)
 from orchestrator.run.cell_services import cell_services, ladder_learner
-from orchestrator.run.grid_config import Cell, GridConfig
+from orchestrator.run.grid_config import Cell, GridConfig, price_table
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
 from proxy.journal import JOURNAL_FILE, JournalTail
@@ -43,11 +43,17 @@ INFRASTRUCTURE_RESTARTS = 2
 FAULT_SETTLE_S = 2.0  # after a learner error, the wait before the infrastructure is asked again
 
 
+class CellStopped(Exception):
+    """The cell reached a limit of the grid (limits.usd_per_cell) before an instance: it stops
+    cleanly, recorded, and continues on resume once the limit is raised."""
+
+
 class InfrastructureFault(RuntimeError):
     """The cell's proxy or a container stopped under an instance. Never charged to the learner:
     the instance is journaled as interrupted and run again."""
 
 MAX_TURNS = 200
+LOCK_TRIES = 30  # x 0.1 s
 
 
 def outcome_label(outcome: Outcome) -> str:
@@ -106,17 +112,28 @@ class CellRunner:
         self.limits = self.grid.limits.limits()
         self.prompts = PromptSet.load(self.grid.prompts)
 
-    def run(self) -> None:
+    def run(self) -> str:
+        """Run the cell to its end; returns "done", or "stopped" when a limit stopped it."""
         lock = open(self.paths.lock, "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
+        # `carc status` tries the lock for an instant to see whether the cell runs: a short wait
+        # tells that from another runner, which holds it for the whole cell.
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == LOCK_TRIES - 1:
+                    lock.close()
+                    raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
+                time.sleep(0.1)
         try:
             for restart in range(INFRASTRUCTURE_RESTARTS + 1):
                 try:
                     self._run()
-                    return
+                    return "done"
+                except CellStopped as exc:
+                    log.warning("cell_stopped", cell=self.cell.cell, reason=str(exc))
+                    return "stopped"
                 except InfrastructureFault as exc:
                     if restart == INFRASTRUCTURE_RESTARTS:
                         raise InfrastructureFault(
@@ -137,6 +154,10 @@ class CellRunner:
         with cell_services(self.grid, self.cell, self.cell_dir, self.model_base_url) as services:
             self.services = services
             endpoint = self.grid.model.endpoint_for(self.cell.effort, services.model_base_url)
+            price = price_table(self.grid).lookup(self.grid.model.name)
+            if price is not None:  # the learner counts its dollars as the proxy does
+                endpoint = endpoint.model_copy(update={"input_usd_per_mtok": price.input_per_m,
+                                                       "output_usd_per_mtok": price.output_per_m})
             if services.proxy is not None:  # the proxy injects the real key; the learner has none
                 endpoint = endpoint.model_copy(update={"api_key_env": ""})
             learner = services.harness or ladder_learner(
@@ -146,10 +167,12 @@ class CellRunner:
                     if events:  # resuming: the state must be as it was after the last finished slot
                         done = [s for s in schedule if s.index in finished]
                         self._restore(done[-1] if done else None)
+                    spend = SpendMeter(self.paths, services.proxy is not None)
                     for position, slot in enumerate(schedule):
                         if slot.index in finished:
                             continue
-                        partial = [e for e in events if e.slot == slot.index]
+                        partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                        self._check_limits(slot, spend, journal, started=bool(partial))
                         try:
                             self._run_slot(slot, learner, journal, partial)
                         except (InfrastructureFault, RecordsUnwritable):
@@ -165,6 +188,21 @@ class CellRunner:
                         self.progress(position + 1, len(schedule))
             finally:
                 learner.close()
+
+    def _check_limits(self, slot: ScheduledSlot, spend: "SpendMeter", journal: EventLog,
+                      started: bool) -> None:
+        """Before an instance: stop the cell, recorded, when it has spent its dollars. An
+        instance already begun (a resumed one) is finished first: a verdict is never cut off."""
+        cap = self.grid.limits.usd_per_cell
+        if cap is None or started:
+            return
+        spent = spend.total()
+        if spent >= cap:
+            reason = (f"limits.usd_per_cell: ${spent:.4f} spent of ${cap:.4f} before this instance; "
+                      f"raise it and resume: carc grid run --resume {self.paths.run.root} "
+                      "--usd-per-cell X")
+            journal.append(self._event("stopped", slot, reason=reason, cost_usd=spent))
+            raise CellStopped(reason)
 
     def _journal_usage(self, slot: int) -> Usage:
         """This instance's model calls as the cell's proxy journaled them (those made so far)."""
@@ -324,3 +362,21 @@ class CellRunner:
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             model_s=round(usage.seconds, 4), cost_usd=usage.usd,
             snapshot_left_out=left_out[:SNAPSHOT_LEFT_OUT_KEPT] or None, snapshot_left_out_n=len(left_out) or None))
+
+
+class SpendMeter:
+    """Dollars a cell has spent: every call of its proxy journal (retries, a harness's own calls
+    and calls after the verdict included), read incrementally; without a journal, the learner's
+    own count in its instance records."""
+
+    def __init__(self, paths: CellPaths, journaled: bool):
+        self.paths = paths
+        self.tail = JournalTail(paths.journal / JOURNAL_FILE) if journaled else None
+        self.spent = 0.0
+
+    def total(self) -> float:
+        if self.tail is not None:
+            self.spent += sum(e.cost_usd or 0.0 for e in self.tail.new_entries())
+            return self.spent
+        ends = {e.slot: e for e in read_events(self.paths.events) if e.type == "instance_end"}
+        return sum(e.cost_usd or 0.0 for e in ends.values())
