@@ -1,0 +1,96 @@
+"""`carc status RUN` from another process while the run is in flight, after it was killed, and
+when it is done. A real `carc grid run` in a subprocess (embedded model, host proxy, no Docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.records import RunPaths
+from orchestrator.run.status import run_status
+
+GRID = """\
+name: status
+seed: 3
+track: {name: own, tasks: 4, visits: 3, epilogue: 0, fresh_reference: false}
+efforts: [low]
+learners: [stateless-floor, program-library, demo-cache-floor]
+sandbox: {engine: process}
+workers: 2
+"""
+
+
+def _start(tmp_path: Path, run_id: str) -> tuple[subprocess.Popen, Path]:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "grid", "run", str(grid), "--runs-dir",
+         str(tmp_path / "runs"), "--run-id", run_id, "--no-report"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return process, tmp_path / "runs" / run_id
+
+
+def _wait_for(condition, process: subprocess.Popen, what: str, limit_s: float = 300):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process.poll() is not None and not condition():
+            raise AssertionError(f"the run ended before {what}: {process.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {limit_s} s")
+
+
+def _status(run: Path):
+    if not (RunPaths(run).grid.exists() and (RunPaths(run).logs / "run.json").exists()):
+        return None
+    return run_status(run)
+
+
+def test_status_in_flight_then_done(tmp_path):
+    process, run = _start(tmp_path, "live")
+    try:
+        live = _wait_for(lambda: (s := _status(run)) and s.counts()["running"] and s.finished >= 2 and s,
+                         process, "a running cell with finished instances")
+        assert live.process_alive and live.total == 3 * 12
+        assert live.rate_per_hour and live.rate_per_hour > 0 and live.eta_s is not None
+        running = [c for c in live.cells if c.state == "running"]
+        assert 1 <= len(running) <= 2  # two workers
+        out = CliRunner().invoke(app, ["status", str(run)])
+        assert out.exit_code == 0 and "running" in out.output
+        assert process.wait(timeout=600) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    done = run_status(run)
+    assert done.counts()["done"] == 3 and done.finished == done.total == 36
+    assert not done.process_alive and done.eta_s is None
+    data = json.loads(CliRunner().invoke(app, ["status", str(run), "--json"]).output)
+    assert data["counts"]["done"] == 3 and data["finished"] == 36
+    assert all(c["budget"] is not None and 0 <= c["budget"] <= 1 for c in data["cells"])
+
+
+def test_a_killed_run_shows_its_begun_cells_as_interrupted(tmp_path):
+    process, run = _start(tmp_path, "killed")
+    try:
+        _wait_for(lambda: (s := _status(run)) and s.finished >= 3, process, "three finished instances")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    status = run_status(run)
+    assert not status.process_alive
+    states = {c.cell: c.state for c in status.cells}
+    begun = {c.cell for c in status.cells if c.finished and c.finished < c.total}
+    assert begun and all(states[c] == "interrupted" for c in begun)
+    assert set(states.values()) <= {"interrupted", "waiting", "done"}
+    assert status.eta_s is None
