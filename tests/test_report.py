@@ -130,3 +130,23 @@ def test_a_cells_budget_has_one_interval_in_the_per_cell_and_the_pooled_tables(t
 
     per_cell, pooled = budget_cells("## Per cell (stream)"), budget_cells("## Per cell group, pooled over stream orders")
     assert per_cell and sorted(per_cell) == sorted(pooled)
+
+
+def test_the_summary_names_a_saving_its_intervals_support_and_only_that(tmp_path: Path):
+    """12 tasks met twice: the demo-cache floor pays 8 on the first meeting and 2 on the return,
+    the floor 8 both times; the summary names the saving, and no cost."""
+    run = tmp_path / "clear"
+    stream = [(f"t{k:02d}", v, v) for v in (0, 1) for k in range(12)]
+    write_cell(run, "stateless-floor", [("stream", t, v, e, 8) for t, v, e in stream])
+    write_cell(run, "demo-cache-floor", [("stream", t, v, e, 8 if v == 0 else 2) for t, v, e in stream])
+    (run / "grid.yaml").write_text("name: clear\nlearners: [stateless-floor, demo-cache-floor]\n")
+    text = write_report(run, seed=0, resamples=2_000).read_text()
+    summary = text.split("## Summary")[1].split("**How to read.**")[0]
+    assert ("Saved against the stateless floor: demo-cache-floor at medium effort, 18.8 points "
+            "[-18.8, -18.8]") in summary
+    assert "used more than" not in summary.lower()
+    assert "embedded offline model" in summary  # the grid names no endpoint: the embedded model
+    assert "![Budget against exposure index, by effort](figures/exposure-by-effort.png)" in summary
+    assert (run / "figures" / "exposure-by-effort.png").read_bytes().startswith(b"\x89PNG")
+    html = (run / "report.html").read_text()
+    assert html.index("<h2>Summary</h2>") < html.index("<h2>How to read</h2>") < html.index("<h2>Per cell")

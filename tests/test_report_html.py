@@ -104,16 +104,16 @@ def images(page: str) -> list[tuple[str, bytes]]:
 
 # --- the file ------------------------------------------------------------------------------------
 
-def test_report_html_is_written_next_to_report_md_with_every_section_and_four_figures(run: Path):
+def test_report_html_is_written_next_to_report_md_with_every_section_and_five_figures(run: Path):
     page = (run / "report.html").read_text(encoding="utf-8")
     markdown = (run / "report.md").read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>")
     assert "<h1>carc report: run ladder-run, grid ladder-grid</h1>" in page
     for title in SECTIONS:
         assert f"## {title}\n" in markdown and f"<h2>{html.escape(title)}</h2>" in page
-    assert page.count("<img ") == 4
+    assert page.count("<img ") == 5
     figures = images(page)
-    assert len(figures) == 4
+    assert len(figures) == 5
     for alt, png in figures:
         assert png.startswith(PNG) and len(png) > 5_000
         assert len(alt) > 40
@@ -430,7 +430,7 @@ def test_report_opens_in_headless_chromium_without_errors_and_a_header_click_sor
             session = open_page(browser, run / "report.html")
             decoded = evaluate(browser, session, """Promise.all([...document.images].map(
                 i => i.decode().then(() => [i.naturalWidth, i.naturalHeight, i.alt.length])))""")
-            assert len(decoded) == 4 and all(w > 0 and h > 0 and alt > 0 for w, h, alt in decoded)
+            assert len(decoded) == 5 and all(w > 0 and h > 0 and alt > 0 for w, h, alt in decoded)
 
             before = evaluate(browser, session, BUDGET_COLUMN)
             values = [v for _, v in before["rows"]]

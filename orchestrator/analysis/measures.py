@@ -672,6 +672,40 @@ def differences_from_floor(df: pd.DataFrame, cells: Mapping[str, Mapping[str, An
     return out
 
 
+def floor_pooled_table(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
+                       rng: Resampling, n: int = RESAMPLES, level: float = LEVEL) -> pd.DataFrame:
+    """`differences_from_floor` pooled over stream orders: per cell group (`with_groups`), the
+    slot pairs of every order's schedule with its own stateless floor, in one bootstrap over
+    tasks (the seed's paired-savings figure pools its 600 instances over the three orders)."""
+    columns = ["group", "label", "learner", "row", "effort", "floor", "orders", "mean", "lo",
+               "hi", "bound", "mde", "pairs"]
+    floors = {_schedule(s): c for c, s in cells.items() if s.get("learner") == FLOOR}
+    compared = {c: floors[_schedule(s)] for c, s in cells.items()
+                if s.get("learner") != FLOOR and _schedule(s) in floors}
+    data = with_groups(df)
+    name = key_of_cells(data, "group")
+    compared = {c: f for c, f in compared.items() if c in name and f in name}
+    if not compared:
+        return pd.DataFrame(columns=columns)
+    pairs = paired_instances(df, [(name[c], c, f) for c, f in compared.items()])
+    table = paired_means(pairs, rng, n, level)
+    keys = [k for k in pd.unique(data["group"]) if k in table.index]
+    settings = data.drop_duplicates("group").set_index("group")
+    floor_of = {name[c]: name[f] for c, f in compared.items()}
+    table = table.reindex(keys)
+    return pd.DataFrame({
+        "group": keys, "label": settings.loc[keys, "label"].to_numpy(),
+        "learner": settings.loc[keys, "learner"].to_numpy(),
+        "row": [row_name(r) for r in settings.loc[keys, "row"]],
+        "effort": settings.loc[keys, "effort"].to_numpy(),
+        "floor": [floor_of[k] for k in keys],
+        "orders": group_settings(df)["orders"].reindex(keys).to_numpy(),
+        "mean": table["mean"].to_numpy(), "lo": table["mean_lo"].to_numpy(),
+        "hi": table["mean_hi"].to_numpy(), "bound": table["mean_bound"].to_numpy(),
+        "mde": table["mean_mde"].to_numpy(),
+        "pairs": table["pairs"].fillna(0).astype("int64").to_numpy()}, columns=columns)
+
+
 def twin_table(df: pd.DataFrame, rng: Resampling, n: int = RESAMPLES, level: float = LEVEL,
                pool_orders: bool = False) -> pd.DataFrame:
     """Budget share of each cell minus its memory-off twin's (`twin_cells`: memory-off; the wiped

@@ -98,6 +98,18 @@ def exposure_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = measure
     return budget_curves(df[df["phase"] == "stream"], "exposure", rng, n, level)
 
 
+def group_exposure_curves(df: pd.DataFrame, rng: np.random.Generator, n: int = measures.RESAMPLES,
+                          level: float = measures.LEVEL) -> pd.DataFrame:
+    """`exposure_curves` per cell group pooled over stream orders (`measures.with_groups`), with
+    the group's `effort`: the points of the small multiples, one panel per effort."""
+    stream = measures.with_groups(df[df["phase"] == "stream"])
+    if stream.empty:
+        return pd.DataFrame(columns=[*CURVE_COLUMNS, "effort"])
+    curves = budget_curves(stream.assign(cell=stream["group"]), "exposure", rng, n, level)
+    effort = stream.drop_duplicates("group").set_index("group")["effort"]
+    return curves.assign(effort=curves["cell"].map(effort).to_numpy())
+
+
 def returning_gaps(df: pd.DataFrame) -> pd.DataFrame:
     """`measures.returning_gaps` with `gap_bin`, the index of its bin in `measures.GAP_EDGES`
     (1, 2-3, 4-7, ..., 64+), so the figure and the gap table bin alike."""
@@ -196,6 +208,101 @@ def budget_by_exposure(curves: pd.DataFrame) -> bytes:
     ticks = {int(x): str(int(x)) for x in curves["x"].unique()}
     return _curves(curves, "exposure index (times the task was met before)", ticks,
                    "Budget against exposure index (stream)")
+
+
+def _ordered(values, order: tuple[str, ...]) -> list:
+    present = list(dict.fromkeys(values))
+    return sorted(present, key=lambda v: (order.index(v) if v in order else len(order), str(v)))
+
+
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def exposure_panels(curves: pd.DataFrame, learners: tuple[str, ...] = ()) -> bytes:
+    """Small multiples of `group_exposure_curves`: one panel per effort (shared y), one line per
+    learner (the same colour in every panel) with 95% bootstrap-over-tasks intervals; the seed's
+    key figure. A flat line relearns every time; a step at exposure 1 is a cache of the
+    examples; learning falls below that step."""
+    if curves.empty:
+        return _message("Budget against exposure index: no finished stream instance yet")
+    efforts = _ordered(curves["effort"], EFFORTS)
+    labels = _ordered(curves["label"], learners)
+    colours = dict(zip(labels, _colours(len(labels))))
+    per_row = min(len(efforts), 3)
+    rows = -(-len(efforts) // per_row)
+    figure = _figure(0.6 + 3.2 * rows)
+    grid = figure.subplots(rows, per_row, sharey=True, squeeze=False)
+    step = min(0.08, 0.6 / max(len(labels), 1))
+    top = 100 * float(np.nanmax(curves["hi"].to_numpy(float))) if len(curves) else 100
+    for k, axes in enumerate(grid.flat):
+        if k >= len(efforts):
+            axes.set_visible(False)
+            continue
+        panel = curves[curves["effort"] == efforts[k]]
+        for j, label in enumerate(labels):
+            for cell_id in dict.fromkeys(panel.loc[panel["label"] == label, "cell"]):
+                c = panel[panel["cell"] == cell_id]
+                mean = 100 * c["budget"].to_numpy(float)
+                bars = np.vstack([mean - 100 * c["lo"].to_numpy(float),
+                                  100 * c["hi"].to_numpy(float) - mean])
+                axes.errorbar(c["x"].to_numpy(float) + (j - (len(labels) - 1) / 2) * step, mean,
+                              yerr=bars, color=colours[label], marker="o", markersize=3,
+                              linewidth=1.1, elinewidth=0.8, capsize=1.5,
+                              label=label if k == 0 else None)
+        axes.set_title(f"effort: {efforts[k]}", fontsize=10)
+        axes.set_xticks(sorted({int(x) for x in curves["x"]}))
+        axes.set_xlabel("exposure index", fontsize=9)
+        axes.set_ylim(0, max(5.0, min(100.0, top * 1.05)))
+        axes.grid(axis="y", alpha=0.3)
+        if k % per_row == 0:
+            axes.set_ylabel("budget share (%)")
+    figure.suptitle("Budget against exposure index, pooled over stream orders", fontsize=11)
+    figure.legend(loc="outside lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    return _png(figure)
+
+
+def savings_panels(floor: pd.DataFrame, twins: pd.DataFrame, learners: tuple[str, ...] = ()) -> bytes:
+    """The seed's paired-savings dot plot, pooled over stream orders: per learner (rows) and
+    effort (colour), the slot-paired difference from the stateless floor (left) and from the
+    demo-cache floor (right) in points of budget with 95% intervals; left of zero is a saving."""
+    demo = twins.dropna(subset=["demo_cache_mean"]) if len(twins) else twins
+    if floor.empty and (demo is None or demo.empty):
+        return _message("No cell has a stateless floor or a demo-cache floor on its schedule.")
+    panels = [("against the stateless floor", floor, "mean", "lo", "hi"),
+              ("against the demo-cache floor", demo, "demo_cache_mean", "demo_cache_lo", "demo_cache_hi")]
+    panels = [p for p in panels if p[1] is not None and not p[1].empty]
+    effort_of = {}
+    for frame in (floor, twins):
+        if len(frame) and "effort" in frame:
+            effort_of.update(zip(frame["group"], frame["effort"]))
+    labels = _ordered([l for _, f, *_ in panels for l in f["label"]], learners)
+    efforts = _ordered([effort_of.get(g, str(g).split(".")[-2]) for _, f, *_ in panels
+                        for g in f["group"]], EFFORTS)
+    colours = dict(zip(efforts, _colours(len(efforts))))
+    figure = _figure(1.4 + 0.42 * len(labels))
+    grid = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    offsets = {e: (k - (len(efforts) - 1) / 2) * min(0.22, 0.7 / len(efforts)) for k, e in enumerate(efforts)}
+    ys = {label: len(labels) - 1 - k for k, label in enumerate(labels)}  # first learner on top
+    for axes, (title, frame, mean_c, lo_c, hi_c) in zip(grid, panels):
+        for effort in efforts:
+            rows = frame[[effort_of.get(g, str(g).split(".")[-2]) == effort for g in frame["group"]]]
+            if rows.empty:
+                continue
+            mean = 100 * rows[mean_c].to_numpy(float)
+            bars = np.vstack([mean - 100 * rows[lo_c].to_numpy(float), 100 * rows[hi_c].to_numpy(float) - mean])
+            axes.errorbar(mean, [ys[l] + offsets[effort] for l in rows["label"]], xerr=bars, fmt="o",
+                          color=colours[effort], markersize=4, capsize=2, elinewidth=1,
+                          label=effort if axes is grid[0] else None)
+        axes.axvline(0, color="#555555", linewidth=0.9, linestyle="--")
+        axes.set_title(title, fontsize=10)
+        axes.set_xlabel("difference in budget share (points)", fontsize=9)
+        axes.grid(axis="x", alpha=0.3)
+    grid[0].set_yticks(list(ys.values()), list(ys), fontsize=8)
+    grid[0].set_ylim(-0.7, len(labels) - 0.3)
+    figure.suptitle("Slot-paired savings, pooled over stream orders (negative is a saving)", fontsize=11)
+    figure.legend(title="effort", loc="outside lower center", ncol=len(efforts), fontsize=8,
+                  title_fontsize=8, frameon=False)
+    return _png(figure)
 
 
 def budget_by_gap(curves: pd.DataFrame) -> bytes:

@@ -19,6 +19,7 @@ import pandas as pd
 import yaml
 
 from orchestrator.analysis import journal_summary, measures, plots, report_html, results, tables
+from orchestrator.analysis.summary import summary_lines
 from orchestrator.records import Event, RunPaths, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
@@ -263,6 +264,9 @@ MEASURES = {
     "pathbench": ("PATH-Bench", "PATH-Bench's AP, FWT, BWT and FGT on these records "
                   "(`orchestrator.analysis.pathbench`), each task's visits as a probe trajectory."),
     "pathbench_pooled": ("PATH-Bench, pooled over stream orders", "As above, per cell group."),
+    "floor_pooled": ("Paired difference from the stateless floor, pooled over stream orders",
+                     "The floor differences with the slot pairs of every order pooled, per cell "
+                     "group, in points; the paired-savings figure under the summary draws these."),
     "failures": ("Failed instances by kind",
                  "The failed instances of the cell in every phase (stream, epilogue, fresh reference; "
                  "each charged the full budget), counted by why they failed: "
@@ -360,9 +364,14 @@ def _intro(result: measures.RunAnalysis, resamples: int, seed: int) -> str:
 
 def render_report(run_id: str, grid_name: str | None, result: measures.RunAnalysis,
                   unfinished: pd.Series, resamples: int, seed: int,
-                  measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None) -> str:
-    """The markdown text of a report."""
-    parts = ["# " + _title(run_id, grid_name), _intro(result, resamples, seed)]
+                  measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None,
+                  summary: str | None = None) -> str:
+    """The markdown text of a report: the title, the summary (when given), how to read it, the
+    sections."""
+    parts = ["# " + _title(run_id, grid_name)]
+    if summary:
+        parts.append(f"## {SUMMARY}\n\n{summary}")
+    parts.append(_intro(result, resamples, seed))
     for name, (intro, frame) in report_sections(result, unfinished, measures).items():
         parts.append("\n\n".join([f"## {name}", *([intro] if intro else []),
                                     *([] if frame.empty else [_table(frame)])]))
@@ -389,6 +398,48 @@ def _curve_alt(kind: str, curves: pd.DataFrame, axis: str, ticks: Mapping[int, s
     return alt
 
 
+SUMMARY = "Summary"
+HOW_TO_READ = "How to read"
+FIGURES_DIR = "figures"
+_KEY_FIGURES = {"Budget against exposure index, by effort": "exposure-by-effort.png",
+                "Slot-paired savings": "paired-savings.png"}
+
+
+def key_figures(data: Mapping[str, pd.DataFrame]) -> list[report_html.Figure]:
+    """The seed's two key figures, shown under the summary: budget against exposure index as
+    small multiples per effort, and the paired-savings dot plot (both pooled over orders)."""
+    figures = []
+    groups = data.get("exposure_groups", pd.DataFrame())
+    if not groups.empty:
+        alt = (f"Small multiples, one panel per effort ({', '.join(dict.fromkeys(groups['effort']))}): "
+               "mean budget share (%) against exposure index, one line per learner pooled over "
+               "stream orders, with 95% bootstrap intervals over tasks.")
+        if groups["cell"].nunique() <= _DESCRIBED:
+            for cell_id in dict.fromkeys(groups["cell"]):
+                c = groups[groups["cell"] == cell_id]
+                alt += (f" {c['label'].iloc[0]} at {c['effort'].iloc[0]}: {pct(c['budget'].iloc[0])} "
+                        f"at exposure {int(c['x'].iloc[0])}, {pct(c['budget'].iloc[-1])} at "
+                        f"{int(c['x'].iloc[-1])}.")
+        figures.append(report_html.Figure(
+            "Budget against exposure index, by effort",
+            plots.exposure_panels(groups, LADDER_ORDER), alt,
+            "A flat line relearns the task every time; a cache of the examples steps down once, "
+            "at exposure 1; learning falls below that step.", section=SUMMARY))
+    floor = data.get("floor_pooled", pd.DataFrame())
+    twins = data.get("twins_pooled", pd.DataFrame())
+    if not floor.empty or not twins.empty:
+        alt = ("Dot plot in two panels: per learner and effort, the slot-paired difference in "
+               "budget share from the stateless floor (left) and from the demo-cache floor "
+               "(right), pooled over stream orders, in points with 95% intervals; negative is a saving.")
+        if len(floor) <= _DESCRIBED:
+            alt += "".join(f" {r.label} at {r.effort} against the floor: "
+                           f"{pct_ci(r.mean, r.lo, r.hi, signed=True)}." for r in floor.itertuples())
+        figures.append(report_html.Figure(
+            "Slot-paired savings", plots.savings_panels(floor, twins, LADDER_ORDER), alt,
+            "Left of the dashed line is a saving.", section=SUMMARY))
+    return figures
+
+
 def report_figures(result: measures.RunAnalysis, curves: Mapping[str, pd.DataFrame]
                    ) -> list[report_html.Figure]:
     """The report's figures, drawn from the measures as read back from `measures.parquet`:
@@ -398,12 +449,13 @@ def report_figures(result: measures.RunAnalysis, curves: Mapping[str, pd.DataFra
     exposure = curves.get("exposure_curves", pd.DataFrame())
     if result.cells.empty or exposure.empty:
         return []
+    figures = key_figures(curves)
     exposure_ticks = {int(x): str(int(x)) for x in exposure["x"]}
-    figures = [report_html.Figure(
-        "Budget against exposure index", plots.budget_by_exposure(exposure),
+    figures.append(report_html.Figure(
+        "Budget against exposure index, per cell", plots.budget_by_exposure(exposure),
         _curve_alt("Line chart", exposure, "exposure index", exposure_ticks),
-        "Stream instances; error bars are 95% bootstrap intervals over tasks, drawn per "
-        "exposure.", section=EXPOSURE)]
+        "Stream instances of each cell; error bars are 95% bootstrap intervals over tasks, drawn "
+        "per exposure.", section=EXPOSURE))
     gaps = curves.get("gap_curves", pd.DataFrame())
     if not gaps.empty:
         gap_ticks = {int(x): plots.gap_label(int(x)) for x in gaps["x"]}
@@ -413,17 +465,6 @@ def report_figures(result: measures.RunAnalysis, curves: Mapping[str, pd.DataFra
                        "seen, in bins 1, 2–3, 4–7, ...", gap_ticks),
             "Returning stream instances (exposure 1 and up) by how many instances ago the task "
             "was last served, in doubling bins.", section=EXPOSURE))
-    differences = result.floor_differences
-    if not differences.empty:
-        alt = ("Dot plot: the slot-paired difference in budget share from the stateless floor, "
-               f"in points, for {len(differences)} cells, with 95% intervals; negative is a "
-               "saving.")
-        if len(differences) <= _DESCRIBED:
-            alt += "".join(f" {r.cell}: {pct_ci(r.mean, r.lo, r.hi, signed=True)}."
-                           for r in differences.itertuples())
-        figures.append(report_html.Figure(
-            "Savings against the stateless floor", plots.savings_against_floor(differences), alt,
-            "Left of the dashed line is a saving.", section=FLOOR_DIFFERENCE))
     cells = result.cells[result.cells["n"] > 0]
     unit = "tokens" if cells["tokens"].sum() > 0 else "model seconds"
     alt = (f"Scatter: {unit} per stream instance against budget share (%) for {len(cells)} "
@@ -447,7 +488,7 @@ def _write(path: Path, text: str) -> None:
 
 # Tables of the run beyond `tables.run_measures`, rendered by their own sections.
 COMPUTE, FAULTS, UNFINISHED, STOPPED = "compute", "faults", "unfinished", "stopped"
-CURVES = ("exposure_curves", "gap_curves")
+CURVES = ("exposure_curves", "gap_curves", "exposure_groups")
 OWN_SECTIONS = (COMPUTE, FAULTS, UNFINISHED, STOPPED, *CURVES)
 STOPPED_TITLE = "Cells stopped at their dollar cap"
 _CURVE_INTERVALS = {name: {"budget": ("lo", "hi")} for name in CURVES}
@@ -475,6 +516,7 @@ def run_tables(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES
                               else pd.DataFrame(columns=plots.CURVE_COLUMNS))
     out["gap_curves"] = (plots.gap_curves(frame, figure_rng, resamples) if stream.any()
                          else pd.DataFrame(columns=plots.CURVE_COLUMNS))
+    out["exposure_groups"] = plots.group_exposure_curves(frame, figure_rng, resamples)
     return out, results.instances_table(frame, per_instance)
 
 
@@ -550,9 +592,34 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
                    [[r.cell, r.slot, _usd(r.usd_spent), r.reason] for r in stopped.itertuples()]))
     unfinished = data[UNFINISHED].set_index("cell")["unfinished"]
     run_id, grid_name = run_dir.resolve().name, _grid_name(run_dir)
+    figures = report_figures(result, data)
+    images = _write_key_figures(run_dir, figures)
+    summary = "\n".join(f"- {line}" for line in summary_lines(data, _embedded(run_dir), LADDER_ORDER))
     path = RunPaths(run_dir).report_md
-    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections))
+    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections,
+                               summary=summary + "".join(f"\n\n![{name}]({image})" for name, image in images)))
     _write(RunPaths(run_dir).report_html, report_html.render_html(
-        _title(run_id, grid_name), _intro(result, resamples, seed),
-        report_sections(result, unfinished, sections), report_figures(result, data)))
+        _title(run_id, grid_name), "",
+        {SUMMARY: (summary, pd.DataFrame()), HOW_TO_READ: (_intro(result, resamples, seed), pd.DataFrame()),
+         **report_sections(result, unfinished, sections)}, figures))
     return path
+
+
+def _embedded(run_dir: Path) -> bool:
+    path = RunPaths(run_dir).grid
+    if not path.exists():
+        return False
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return (data.get("model") or {}).get("endpoint", "embedded") == "embedded"
+
+
+def _write_key_figures(run_dir: Path, figures: Sequence[report_html.Figure]) -> list[tuple[str, str]]:
+    """The key figures as PNG files beside the report (`figures/`), for report.md to show."""
+    folder = Path(run_dir) / FIGURES_DIR
+    out = []
+    for figure in figures:
+        if figure.title in _KEY_FIGURES:
+            folder.mkdir(exist_ok=True)
+            (folder / _KEY_FIGURES[figure.title]).write_bytes(figure.png)
+            out.append((figure.title, f"{FIGURES_DIR}/{_KEY_FIGURES[figure.title]}"))
+    return out

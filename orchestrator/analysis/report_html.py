@@ -123,7 +123,17 @@ def _inline(text: str) -> str:
 
 
 def _paragraphs(text: str) -> str:
-    return "".join(f"<p>{_inline(p.strip())}</p>" for p in re.split(r"\n\s*\n", text) if p.strip())
+    """Paragraphs, and a block whose every line starts with `- ` as a list."""
+    out = []
+    for block in (b.strip() for b in re.split(r"\n\s*\n", text)):
+        if not block:
+            continue
+        lines = block.splitlines()
+        if all(line.startswith("- ") for line in lines):
+            out.append("<ul>" + "".join(f"<li>{_inline(line[2:].strip())}</li>" for line in lines) + "</ul>")
+        else:
+            out.append(f"<p>{_inline(block)}</p>")
+    return "".join(out)
 
 
 def slug(title: str) -> str:

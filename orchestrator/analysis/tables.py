@@ -17,7 +17,8 @@ def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
     `cells` (`measures.cell_table`), `exposure`, `gap`, `pooled` (over orders), `floor`
     (differences from the stateless floor), `twins` and `twins_pooled` (`measures.twin_table`),
     `clbench` and `clbench_pooled`, `pathbench` and `pathbench_pooled`, `transfer` (forward
-    transfer), `failures` (failed instances by kind). One set of task resamples
+    transfer), `failures` (failed instances by kind), `floor_pooled` (the floor differences
+    pooled over orders). One set of task resamples
     (`measures.TaskResamples`) serves them all; pass the report's own to share its draws."""
     draws = measures.resamples_of(rng, n)
     return {
@@ -34,4 +35,5 @@ def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
         "pathbench_pooled": pathbench.pathbench_table(df, draws, level=level, pool_orders=True),
         "transfer": measures.forward_transfer(df, draws, level=level),
         "failures": measures.failure_table(df),
+        "floor_pooled": measures.floor_pooled_table(df, cells, draws, level=level),
     }
