@@ -96,6 +96,24 @@ def main() -> None:
         what = "analyse: cells, exposure, floor differences, forward transfer"
     times.append(("tables", time.perf_counter() - start, what))
     analysis_s = times[1][1] + times[2][1]
+    if args.tables != "analyse":  # results/: the long measures written and read back, the instances
+        import tempfile
+
+        from orchestrator.analysis import journal_summary, results
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            long, layout = results.to_long(every)
+            results.write_measures(Path(folder) / results.MEASURES, long, layout)
+            back = results.read_tables(Path(folder) / results.MEASURES)
+            times.append(("measures.parquet written + read back", time.perf_counter() - start,
+                          f"{len(long):,} long rows, {len(back)} tables"))
+            start = time.perf_counter()
+            instances = results.instances_table(frame, journal_summary.instance_compute(
+                journal_summary.journal_frame(Path(folder))))
+            results.write_instances(Path(folder) / results.INSTANCES, instances)
+            size = (Path(folder) / results.INSTANCES).stat().st_size
+            times.append(("instances.parquet", time.perf_counter() - start,
+                          f"{len(instances):,} rows, {size / 1e6:.1f} MB"))
 
     # the figures take the first report's tables; outside the target
     result = measures.analyse(frame, cells, np.random.default_rng(0), args.resamples) \
