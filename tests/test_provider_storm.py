@@ -25,7 +25,7 @@ seed: 4
 track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
 orders: [sequential]
 efforts: [low]
-learners: [stateless-floor, demo-cache-floor]
+learners: [demo-cache-floor]
 sandbox: {{engine: process}}
 model: {{endpoint: '{url}', name: carc-solver, timeout_s: 20}}
 workers: 1

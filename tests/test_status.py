@@ -21,9 +21,9 @@ from orchestrator.run.status import run_status
 GRID = """\
 name: status
 seed: 3
-track: {name: own, tasks: 4, visits: 3, epilogue: 0, fresh_reference: false}
+track: {name: own, tasks: 3, visits: 3, epilogue: 0, fresh_reference: false}
 efforts: [low]
-learners: [stateless-floor, program-library, demo-cache-floor]
+learners: [stateless-floor, demo-cache-floor, {learner: program-library, row: wiped}]
 sandbox: {engine: process}
 workers: 2
 """
@@ -62,7 +62,7 @@ def test_status_in_flight_then_done(tmp_path):
     try:
         live = _wait_for(lambda: (s := _status(run)) and s.counts()["running"] and s.finished >= 2 and s,
                          process, "a running cell with finished instances")
-        assert live.process_alive and live.total == 3 * 12
+        assert live.process_alive and live.total == 3 * 9
         assert live.rate_per_hour and live.rate_per_hour > 0 and live.eta_s is not None
         running = [c for c in live.cells if c.state == "running"]
         assert 1 <= len(running) <= 2  # two workers
@@ -73,10 +73,10 @@ def test_status_in_flight_then_done(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     done = run_status(run)
-    assert done.counts()["done"] == 3 and done.finished == done.total == 36
+    assert done.counts()["done"] == 3 and done.finished == done.total == 27
     assert not done.process_alive and done.eta_s is None
     data = json.loads(CliRunner().invoke(app, ["status", str(run), "--json"]).output)
-    assert data["counts"]["done"] == 3 and data["finished"] == 36
+    assert data["counts"]["done"] == 3 and data["finished"] == 27
     assert all(c["budget"] is not None and 0 <= c["budget"] <= 1 for c in data["cells"])
 
 
