@@ -133,9 +133,13 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         started, alive = info.get("started"), _alive(int(info.get("pid", 0)))
     failures = _failures(run)
     cells, recent = [], 0
+    lengths: dict[tuple, int] = {}  # cells on one stream share its length: build it once
     for cell in grid.cells():
         paths = run.cell(cell.cell)
-        total = len(build_schedule(grid, cell))
+        stream = (cell.track, cell.order, cell.seed)
+        if stream not in lengths:
+            lengths[stream] = len(build_schedule(grid, cell))
+        total = lengths[stream]
         events = read_events(paths.events) if paths.events.exists() else []
         ends = {e.slot: e for e in events if e.type == "instance_end"}
         stream = [e for e in ends.values() if e.phase == "stream"]
