@@ -175,3 +175,29 @@ def test_a_pilot_at_one_effort_stands_in_for_another_and_says_so(pilot_run, tmp_
 def test_a_folder_that_is_no_run_is_refused_with_what_to_give(tmp_path):
     result = CliRunner().invoke(app, ["grid", "plan", "examples/offline-demo.yaml", "--pilot", str(tmp_path)])
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_a_stopped_pilots_unfinished_instance_and_its_calls_are_not_counted(tmp_path):
+    from orchestrator.records import Event
+    from proxy.journal import JournalEntry
+    from tests.run_dirs import new_cell_folder
+
+    cell, folder = new_cell_folder(tmp_path, "stateless-floor")
+    base = dict(cell=cell, phase="stream", task="t", visit=0, exposure=0)
+    events = [Event(type="instance_start", slot=0, t=100.0, **base),
+              Event(type="instance_end", slot=0, t=104.0, status="solved", **base),
+              Event(type="instance_start", slot=1, t=105.0, **base)]  # stopped mid-instance
+    (folder / "events.jsonl").write_text("".join(e.line() + "\n" for e in events))
+
+    def call(slot, n):
+        return JournalEntry(id=f"c{n}", cell=cell, slot=slot, phase="before", mode="reverse", method="POST",
+                            url="http://x/v1/chat/completions", host="x", api="openai-chat", model="m",
+                            stream=False, status=200, refused=False, request=None, response=None,
+                            t_start=0.0, t_first_byte=None, t_end=0.0, latency_s=0.0,
+                            prompt_tokens=100, completion_tokens=10).to_json()
+    (folder / "journal").mkdir()
+    (folder / "journal" / "journal.jsonl").write_text(
+        "\n".join([call(0, 1), call(0, 2), call(None, 3), call(1, 4)]) + "\n")
+    measured = read_pilot(tmp_path)[("stateless-floor", "memory-on", "medium")]
+    assert (measured.instances, measured.calls, measured.input_tokens, measured.output_tokens) == (1, 3, 300, 30)
+    assert measured.seconds == 4.0

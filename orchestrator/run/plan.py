@@ -134,8 +134,8 @@ class Measured(BaseModel):
 
 def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
     """One pilot cell's totals: instances finished (each slot once, the last attempt), model calls
-    and tokens from its proxy journal (every line, between instances too; the events' own counts
-    when it has no journal), seconds from each instance's start to its end (the snapshot
+    and tokens from its proxy journal (the finished instances' lines and those between instances;
+    the events' own counts when it has no journal), seconds from each instance's start to its end (the snapshot
     included), and the bytes of its state snapshots. None for a cell with no finished instance."""
     if not folder.settings.exists():
         return None
@@ -146,16 +146,17 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
                         "remove the folder from the pilot run or plan without it") from None
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
-    step_calls = step_in = step_out = 0
+    steps: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # slot -> calls, input, output
     for event in read_events(folder.events):
         if event.type == "instance_start":
             starts[event.slot] = event.t
         elif event.type == "instance_end" and event.slot in starts:
             ends[event.slot] = event.t - starts[event.slot]
         elif event.type == "step":
-            step_calls += event.model_calls or 0
-            step_in += event.prompt_tokens or 0
-            step_out += event.completion_tokens or 0
+            counts = steps[event.slot]
+            counts[0] += event.model_calls or 0
+            counts[1] += event.prompt_tokens or 0
+            counts[2] += event.completion_tokens or 0
     if not ends:
         return None
     journal = folder.journal / "journal.jsonl"
@@ -164,11 +165,13 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
             entries = read_journal(journal)
         except ValueError as exc:
             raise PlanError(f"pilot {exc}; the journal is damaged: plan without this run") from None
+        # an instance a stopped pilot left unfinished is not counted, so neither are its calls
+        entries = [e for e in entries if e.slot is None or e.slot in ends]
         calls = sum(1 for e in entries if not e.refused)
         tokens_in = sum(e.prompt_tokens or 0 for e in entries)
         tokens_out = sum(e.completion_tokens or 0 for e in entries)
     else:
-        calls, tokens_in, tokens_out = step_calls, step_in, step_out
+        calls, tokens_in, tokens_out = (sum(steps[slot][i] for slot in ends) for i in range(3))
     snapshots = sum(p.stat().st_size for p in folder.snapshots.glob("*.tar.gz")) if folder.snapshots.is_dir() else 0
     return (record.learner, record.row, record.effort), Measured(
         instances=len(ends), calls=calls, input_tokens=tokens_in, output_tokens=tokens_out,
