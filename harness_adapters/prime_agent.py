@@ -31,7 +31,7 @@ from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
                                       HarnessError, HarnessState, Option)
 from sandboxes.docker_sandbox import DockerSandbox
-from sandboxes.images import ImageBuildError, Recipe, cache_dir, run, wheelhouse
+from sandboxes.images import ImageBuildError, Recipe, cache_dir, require_fetching, run, wheelhouse
 
 PRIME_AGENT_VERSION = "0.8.0"
 PRIME_AGENT_COMMIT = "e319a66d7351c75abe7f040d02d9a8d6e25028e9"  # main on 2026-08-21, after v0.8.0
@@ -414,6 +414,7 @@ def fetch_archive(url: str, expected: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     offline_fix = (f"without internet, set {SOURCE_ENV} to a checkout or .tar.gz of {REPOSITORY} "
                    f"at {PRIME_AGENT_COMMIT}")
+    require_fetching(f"prime-agent's source archive ({url})")
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".part") as part:
         try:
             with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:

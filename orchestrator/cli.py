@@ -127,6 +127,27 @@ def grid_check(grid: Path) -> None:
     console.print(f"{grid}: {len(cells)} cells, {len(schedule)} instances each", highlight=False)
 
 
+@grid_app.command("plan")
+def grid_plan(grid: Path,
+              pilot: Optional[Path] = typer.Option(None, help="a run folder whose journal and events "
+                                                   "give the per-instance rates (else the priors)"),
+              format: str = typer.Option("table", "--format", help="table | json")) -> None:
+    """The bill before anything is spent: per cell and in total, instances, model calls, tokens,
+    dollars (an estimate), wall time at the grid's workers, snapshot disk, images to build."""
+    from orchestrator.run.grid_config import GridFileError, load_grid
+    from orchestrator.run.plan import PlanError, plan_grid, render_plan
+    if format not in ("table", "json"):
+        _fail(f"--format {format!r}: use table or json")
+    try:
+        plan = plan_grid(load_grid(grid), pilot)
+    except (GridFileError, PlanError, ValueError, KeyError) as exc:
+        _fail(str(exc))
+    if format == "json":
+        print(plan.to_json())
+    else:  # piped or captured: wide enough for the cell ids
+        render_plan(plan, console if console.is_terminal else Console(width=200))
+
+
 @app.command("report")
 def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
     """Write RUN/report.md and RUN/report.html (tables and figures) from the run's records."""

@@ -22,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -125,7 +126,33 @@ def npm_tree(name: str, spec: str) -> Path:
     return target
 
 
+class NotPrepared(ImageBuildError):
+    """Planning only (`no_fetching`): an input of a build context is not on this machine yet, and
+    making it would fetch or build something."""
+
+
+_PLANNING: ContextVar[bool] = ContextVar("carc_image_planning", default=False)
+
+
+@contextmanager
+def no_fetching() -> Iterator[None]:
+    """Within it, every step that would fetch or build an input (`run`, `require_fetching`) raises
+    `NotPrepared` instead: what `planned_image` needs to learn a tag without spending anything."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def require_fetching(what: str) -> None:
+    """Call before any download or build of an input; refuses while planning (`no_fetching`)."""
+    if _PLANNING.get():
+        raise NotPrepared(f"a step not done on this machine yet: {what}")
+
+
 def run(cmd: list[str], what: str, cwd: str | Path | None = None) -> str:
+    require_fetching(what)
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
@@ -327,6 +354,43 @@ def ensure_image(recipe: Recipe | str, base: Base = "auto", client: docker.Docke
         log.info("image_build", recipe=name, tag=tag)
         _build(client, context, tag, recipe)
     return tag
+
+
+@dataclass(frozen=True)
+class PlannedImage:
+    """What `ensure_image` would do for one recipe, learnt without building, pulling or fetching."""
+
+    name: str
+    tag: str | None  # None: not knowable yet (its base or an input is not on this machine)
+    present: bool  # the engine already has it: nothing to build
+    note: str = ""
+
+
+def planned_image(recipe: Recipe | str, base: Base = "auto", client: docker.DockerClient | None = None) -> PlannedImage:
+    """The content-addressed tag `ensure_image` would give `recipe` and whether the engine has it.
+    Nothing is built, pulled or fetched: an image whose base or input is not here yet is to build."""
+    recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    client = client or docker_client()
+    if recipe.parent:
+        parent = planned_image(recipe.parent, base, client)
+        if parent.tag is None or not parent.present:
+            return PlannedImage(recipe.name, None, False, f"built on {recipe.parent}, which is to build")
+        parent_tag = parent.tag
+    else:
+        candidates = {"registry": [REGISTRY_BASE], "offline": [offline_base_tag()],
+                      "auto": [REGISTRY_BASE, offline_base_tag()]}[base]
+        parent_tag = next((tag for tag in candidates if _exists(client, tag)), None)
+        if parent_tag is None:
+            how = {"registry": f"pull {REGISTRY_BASE}", "offline": "debootstrap the offline base",
+                   "auto": f"pull {REGISTRY_BASE}, or debootstrap the offline base (about a minute)"}[base]
+            return PlannedImage(recipe.name, None, False, f"no machine base yet: {how}")
+    try:
+        with no_fetching():
+            context = render(recipe, parent_tag)
+    except (ImageBuildError, OSError) as exc:
+        return PlannedImage(recipe.name, None, False, str(exc).splitlines()[0])
+    tag = f"carc-{recipe.name}:{context.digest()}"
+    return PlannedImage(recipe.name, tag, _exists(client, tag))
 
 
 def _build(client: docker.DockerClient, context: Context, tag: str, recipe: Recipe) -> None:

@@ -87,9 +87,56 @@ def test_missing_file_and_bad_yaml_are_reported_with_the_path(tmp_path):
 
 
 def test_shipped_example_grids_validate():
-    for name in ("offline-demo", "offline-demo-harnesses", "offline-demo-prime-agent", "paper-arc1"):
+    for name in ("offline-demo", "offline-demo-harnesses", "offline-demo-prime-agent", "paper-arc1",
+                 "paper-arc1-ablations", "paper-arc2"):
         grid = load_grid(f"examples/{name}.yaml")
         assert grid.cells()
+
+
+# The seed's grids: its systems at its efforts and orders, and its "runs complete" count
+# (ARC-AGI-1 108, the ablations 90, ARC-AGI-2 56); carc's count where it differs, and the header
+# of the file says why.
+LADDER = {("stateless-floor", "memory-on"), ("demo-cache-floor", "memory-on"), ("program-library", "memory-on")}
+HARNESS_NAMES = ("prime-agent", "hermes-agent", "openclaw")
+PAPER_GRIDS = {
+    "paper-arc1": (LADDER | {(h, r) for h in HARNESS_NAMES for r in ("memory-on", "memory-off")},
+                   {"low", "medium", "high"}, {"workstreams", "sequential", "random"}, 108, 81),
+    "paper-arc1-ablations": ({(h, r) for h in HARNESS_NAMES
+                              for r in ("asked-to-store", "program-procedure", "program-procedure-wiped")}
+                             | {("program-library", "wiped")},
+                             {"low", "medium", "high"}, {"workstreams", "sequential", "random"}, 90, 90),
+    "paper-arc2": (LADDER | {("prime-agent", "memory-on"), ("prime-agent", "memory-off")},
+                   {"medium", "high", "xhigh", "max"}, {"workstreams", "sequential"}, 56, 40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_GRIDS))
+def test_each_paper_grid_holds_the_seeds_systems_efforts_and_orders_and_says_why_its_count_differs(name):
+    from pathlib import Path
+
+    systems, efforts, orders, seed_count, carc_count = PAPER_GRIDS[name]
+    path = Path(f"examples/{name}.yaml")
+    cells = load_grid(path).cells()
+    assert {(c.learner, c.row) for c in cells} == systems
+    assert {c.effort for c in cells} == efforts and {c.order for c in cells} == orders
+    assert len(cells) == carc_count == len(systems) * len(efforts) * len(orders)
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert f"= {carc_count}" in header
+    if carc_count != seed_count:
+        assert f"{seed_count} of {seed_count}" in header and "runs complete" in header
+        assert f"{seed_count} - {carc_count} = {seed_count - carc_count}" in header
+
+
+def test_carc_grid_cells_and_check_on_the_paper_grids_give_their_counts():
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    for name, (*_, carc_count) in PAPER_GRIDS.items():
+        listed = CliRunner().invoke(app, ["grid", "cells", f"examples/{name}.yaml"])
+        assert listed.exit_code == 0, listed.output
+        assert len(listed.output.split()) == carc_count
+        checked = CliRunner().invoke(app, ["grid", "check", f"examples/{name}.yaml"])
+        assert checked.exit_code == 0 and f"{carc_count} cells" in checked.output, checked.output
 
 
 def test_the_demo_harness_grids_hold_every_row_of_every_harness():

@@ -61,6 +61,21 @@ def test_an_unchanged_recipe_is_built_once_and_then_found_in_the_cache(tmp_path,
     assert output_of(client, tag, ["cat", "/opt/note.txt"]) == b"first"
 
 
+def test_a_planned_tag_is_the_one_ensure_image_builds_and_planning_builds_nothing(tmp_path, base_image, client):
+    from sandboxes.images import planned_image
+    recipe = tiny_recipe(tmp_path, "pytest-plan", run_line="echo planned")
+    (recipe.folder / "note.txt").write_text(f"{tmp_path}")  # a content no earlier test built
+    before = planned_image(recipe, BASE, client)
+    assert before.tag is not None and not before.present
+    with pytest.raises(Exception):
+        client.images.get(before.tag)  # planning built nothing
+    try:
+        assert ensure_image(recipe, BASE, client) == before.tag
+        assert planned_image(recipe, BASE, client).present
+    finally:
+        client.images.remove(before.tag, force=True)
+
+
 def test_builds_have_no_network(tmp_path, base_image, client):
     code = "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"
     with pytest.raises(ImageBuildError, match="pytest-nonet/Dockerfile"):

@@ -1,0 +1,459 @@
+"""The bill of a grid before anything is spent: `carc grid plan GRID [--pilot RUN]`.
+
+Per cell: the instances its schedule serves (stream, epilogue, fresh reference), and the model
+calls, input and output tokens, dollars, wall time and state-snapshot disk those instances are
+expected to take; in total: the same, the wall time at the grid's `workers`, and the Docker images
+a run would build first. Per-instance rates come from a pilot run's records when one is given
+(its proxy journal and events), else from the stated priors in `plan_priors.yaml`. Every cell
+says which source its rates came from. Dollars are an estimate: tokens times the price table's
+list price for the grid's model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.records import CellPaths, CellRecord, RunPaths, read_events
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
+from proxy.journal import read_journal
+from proxy.prices import Price, PriceTable
+
+PRIORS = Path(__file__).with_name("plan_priors.yaml")
+EFFORT_ORDER = ("minimal", "low", "medium", "high", "xhigh", "max")
+
+
+class PlanError(ValueError):
+    """A priors file or pilot run that cannot be used; the message names the file and what to fix."""
+
+
+# --- per-instance rates ---------------------------------------------------------------------------
+
+class Rate(BaseModel):
+    """What one instance takes, on average."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: float = Field(ge=0)
+    input_tokens: float = Field(ge=0)
+    output_tokens: float = Field(ge=0)
+    seconds: float = Field(ge=0)
+    snapshot_bytes: float = Field(ge=0)
+
+
+class RateOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    calls: float | None = Field(None, ge=0)
+    input_tokens: float | None = Field(None, ge=0)
+    output_tokens: float | None = Field(None, ge=0)
+    seconds: float | None = Field(None, ge=0)
+    snapshot_bytes: float | None = Field(None, ge=0)
+
+
+class RowPriors(BaseModel):
+    """One row's rates: per instance, and where an effort differs, the fields that differ."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_instance: Rate
+    by_effort: dict[str, RateOverride] = {}
+    source: str = ""
+
+    def rate(self, effort: str) -> Rate:
+        fields = self.per_instance.model_dump()
+        if effort in self.by_effort:
+            fields.update(self.by_effort[effort].model_dump(exclude_none=True))
+        return Rate(**fields)
+
+
+class LearnerPriors(RowPriors):
+    """A learner's rates (its memory-on row), and rows whose rates differ."""
+
+    rows: dict[str, RowPriors] = {}
+
+
+class Priors(BaseModel):
+    """`plan_priors.yaml`: per learner, what one instance takes; `default-harness` covers a
+    registered harness with no entry of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learners: dict[str, LearnerPriors]
+
+    def rate(self, learner: str, row: str, effort: str) -> tuple[Rate, str]:
+        name = learner if learner in self.learners else (
+            "default-harness" if learner in HARNESSES and "default-harness" in self.learners else None)
+        if name is None:
+            raise PlanError(f"{PRIORS}: no prior for learner {learner!r}; add a `{learner}:` entry "
+                            "(per_instance: calls, input_tokens, output_tokens, seconds, snapshot_bytes) "
+                            "or plan with --pilot RUN")
+        entry = self.learners[name]
+        rate = (entry.rows.get(row) or entry).rate(effort)
+        return rate, "prior" if name == learner else "prior (default-harness)"
+
+
+def load_priors(path: Path = PRIORS) -> Priors:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PlanError(f"{path}: cannot read the plan priors: {exc}") from None
+    try:
+        return Priors.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError("\n".join(f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                  for e in exc.errors())) from None
+
+
+Key = tuple[str, str, str]  # learner, row, effort
+
+
+class Measured(BaseModel):
+    """A pilot run's totals for one (learner, row, effort)."""
+
+    instances: int = 0
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    snapshot_bytes: int = 0
+    cells: list[str] = []
+
+    def rate(self) -> Rate:
+        n = self.instances
+        return Rate(calls=self.calls / n, input_tokens=self.input_tokens / n,
+                    output_tokens=self.output_tokens / n, seconds=self.seconds / n,
+                    snapshot_bytes=self.snapshot_bytes / n)
+
+
+def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
+    """One pilot cell's totals: instances finished (each slot once, the last attempt), model calls
+    and tokens from its proxy journal (the finished instances' lines and those between instances;
+    the events' own counts when it has no journal), seconds from each instance's start to its end (the snapshot
+    included), and the bytes of its state snapshots. None for a cell with no finished instance."""
+    if not folder.settings.exists():
+        return None
+    try:
+        record = CellRecord.read(folder.settings)
+    except ValueError as exc:
+        raise PlanError(f"pilot {folder.settings}: not a cell record ({str(exc).splitlines()[0]}); "
+                        "remove the folder from the pilot run or plan without it") from None
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    steps: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # slot -> calls, input, output
+    for event in read_events(folder.events):
+        if event.type == "instance_start":
+            starts[event.slot] = event.t
+        elif event.type == "instance_end" and event.slot in starts:
+            ends[event.slot] = event.t - starts[event.slot]
+        elif event.type == "step":
+            counts = steps[event.slot]
+            counts[0] += event.model_calls or 0
+            counts[1] += event.prompt_tokens or 0
+            counts[2] += event.completion_tokens or 0
+    if not ends:
+        return None
+    journal = folder.journal / "journal.jsonl"
+    if journal.exists():
+        try:
+            entries = read_journal(journal)
+        except ValueError as exc:
+            raise PlanError(f"pilot {exc}; the journal is damaged: plan without this run") from None
+        # an instance a stopped pilot left unfinished is not counted, so neither are its calls
+        entries = [e for e in entries if e.slot is None or e.slot in ends]
+        calls = sum(1 for e in entries if not e.refused)
+        tokens_in = sum(e.prompt_tokens or 0 for e in entries)
+        tokens_out = sum(e.completion_tokens or 0 for e in entries)
+    else:
+        calls, tokens_in, tokens_out = (sum(steps[slot][i] for slot in ends) for i in range(3))
+    snapshots = sum(p.stat().st_size for p in folder.snapshots.glob("*.tar.gz")) if folder.snapshots.is_dir() else 0
+    return (record.learner, record.row, record.effort), Measured(
+        instances=len(ends), calls=calls, input_tokens=tokens_in, output_tokens=tokens_out,
+        seconds=sum(ends.values()), snapshot_bytes=snapshots, cells=[record.cell])
+
+
+def read_pilot(run_dir: Path) -> dict[Key, Measured]:
+    """Per (learner, row, effort), the pilot run's totals over its cells."""
+    paths = RunPaths(run_dir)
+    if not paths.cells.is_dir():
+        raise PlanError(f"--pilot {run_dir}: not a run directory (no cells/); give a folder "
+                        "`carc grid run` made, e.g. runs/<id>")
+    out: dict[Key, Measured] = {}
+    for folder in paths.cell_folders():
+        measured = measure_cell(folder)
+        if measured is None:
+            continue
+        key, m = measured
+        total = out.setdefault(key, Measured())
+        for field in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
+            setattr(total, field, getattr(total, field) + getattr(m, field))
+        total.cells.append(*m.cells)
+    if not out:
+        raise PlanError(f"--pilot {run_dir}: no cell of it finished an instance; run the pilot "
+                        "further (carc grid run --resume) or plan from the priors")
+    return out
+
+
+def pilot_rate(pilot: dict[Key, Measured], learner: str, row: str, effort: str) -> tuple[Rate, str] | None:
+    """The pilot's rate for this learner and row at this effort, else at the nearest effort it ran."""
+    if (learner, row, effort) in pilot:
+        return pilot[(learner, row, effort)].rate(), "pilot"
+    others = [e for (l, r, e) in pilot if (l, r) == (learner, row)]
+    if not others:
+        return None
+
+    def distance(other: str) -> int:
+        known = EFFORT_ORDER.index
+        return abs(known(other) - known(effort)) if other in EFFORT_ORDER and effort in EFFORT_ORDER else 99
+    nearest = min(others, key=lambda e: (distance(e), e))
+    return pilot[(learner, row, nearest)].rate(), f"pilot at effort {nearest}"
+
+
+# --- prices ---------------------------------------------------------------------------------------
+
+def price_table_for(grid: GridConfig) -> PriceTable:
+    """The price table a grid's dollars come from (proxy/prices.json; one place to re-point)."""
+    return PriceTable.load(None)
+
+
+def price_for(grid: GridConfig) -> tuple[Price | None, str]:
+    """The grid's model price (USD per million tokens) and where it came from; the grid's own
+    `model.*_usd_per_mtok` when it sets them, else the price table."""
+    model = grid.model
+    if model.input_usd_per_mtok or model.output_usd_per_mtok:
+        return Price(model.input_usd_per_mtok, model.output_usd_per_mtok), "the grid's model.*_usd_per_mtok"
+    table = price_table_for(grid)
+    price = table.lookup(model.name)
+    if price is None:
+        return None, (f"no price for model {model.name!r} in {table.source}: set model.input_usd_per_mtok "
+                      "and model.output_usd_per_mtok in the grid")
+    return price, table.source
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+class CellPlan(BaseModel):
+    cell: str
+    learner: str
+    row: str
+    effort: str
+    order: str
+    instances: int
+    stream: int
+    epilogue: int
+    fresh: int
+    calls: float
+    input_tokens: float
+    output_tokens: float
+    usd: float | None
+    seconds: float
+    snapshot_bytes: float
+    source: str
+
+
+class ImagePlan(BaseModel):
+    name: str
+    tag: str | None
+    status: Literal["present", "to build", "unknown"]
+    note: str = ""
+
+
+class Plan(BaseModel):
+    grid: str
+    model: str
+    endpoint: str
+    workers: int
+    cells: list[CellPlan]
+    instances: int
+    calls: float
+    input_tokens: float
+    output_tokens: float
+    usd: float | None
+    usd_is_estimate: bool = True
+    price_source: str
+    cell_seconds: float  # the sum of every cell's wall time
+    wall_seconds: float  # at `workers` cells at once (longest cells first)
+    snapshot_bytes: float
+    images: list[ImagePlan]
+    pilot: str | None
+    notes: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2)
+
+
+def schedule_counts(grid: GridConfig, cells: list[Cell]) -> dict[tuple[str, int], dict[str, int]]:
+    """Per (order, seed), the instances of a cell's schedule by phase (the row does not change them)."""
+    from orchestrator.run.schedule import build_schedule
+
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    for cell in cells:
+        key = (cell.order, cell.seed)
+        if key not in out:
+            counts = {"stream": 0, "epilogue": 0, "fresh": 0}
+            for slot in build_schedule(grid, cell):
+                counts[slot.phase] += 1
+            out[key] = counts
+    return out
+
+
+def wall_at(seconds: list[float], workers: int) -> float:
+    """The run's wall time with `workers` cells at once, longest first (as the grid run starts them)."""
+    finish = [0.0] * max(1, workers)
+    for s in sorted(seconds, reverse=True):
+        heapq.heapreplace(finish, finish[0] + s)
+    return max(finish)
+
+
+def needed_images(grid: GridConfig) -> list[ImagePlan]:
+    """The images `carc grid run` would make before its first cell, and whether the engine has each."""
+    from harness_adapters import registry
+    from orchestrator.run.grid_run import harness_learners, needs_docker
+    from sandboxes.images import ImageBuildError, docker_client, planned_image
+
+    if not needs_docker(grid):
+        return []
+    harnesses = harness_learners(grid)
+    names = ["base"] + (["proxy"] if harnesses else [])
+    try:
+        client = docker_client()
+    except ImageBuildError as exc:
+        return [ImagePlan(name=n, tag=None, status="unknown", note=f"Docker not reachable: {exc}")
+                for n in names + harnesses]
+    out = []
+    for name in names + harnesses:
+        try:
+            recipe = name if name in ("base", "proxy") else registry.adapter(name).recipe
+            planned = planned_image(recipe, grid.sandbox.base, client)
+        except Exception as exc:  # an adapter module that does not load is reported, not raised
+            out.append(ImagePlan(name=name, tag=None, status="unknown", note=f"{type(exc).__name__}: {exc}"))
+            continue
+        out.append(ImagePlan(name=name, tag=planned.tag, status="present" if planned.present else "to build",
+                             note=planned.note))
+    return out
+
+
+def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path = PRIORS,
+              images: bool = True) -> Plan:
+    """The bill of `grid`: per cell and in total (see the module docstring)."""
+    cells = grid.cells()
+    counts = schedule_counts(grid, cells)
+    pilot = read_pilot(pilot_dir) if pilot_dir is not None else {}
+    priors: Priors | None = None
+    price, price_source = price_for(grid)
+    planned = []
+    for cell in cells:
+        found = pilot_rate(pilot, cell.learner, cell.row, cell.effort) if pilot else None
+        if found is None:
+            priors = priors or load_priors(priors_path)
+            found = priors.rate(cell.learner, cell.row, cell.effort)
+        rate, source = found
+        phases = counts[(cell.order, cell.seed)]
+        n = sum(phases.values())
+        tokens_in, tokens_out = rate.input_tokens * n, rate.output_tokens * n
+        usd = None if price is None else (tokens_in * price.input_per_m + tokens_out * price.output_per_m) / 1e6
+        planned.append(CellPlan(
+            cell=cell.cell, learner=cell.learner, row=cell.row, effort=cell.effort, order=cell.order,
+            instances=n, stream=phases["stream"], epilogue=phases["epilogue"], fresh=phases["fresh"],
+            calls=rate.calls * n, input_tokens=tokens_in, output_tokens=tokens_out, usd=usd,
+            seconds=rate.seconds * n, snapshot_bytes=rate.snapshot_bytes * n, source=source))
+    notes = []
+    if any(p.source.startswith("prior") for p in planned):
+        if grid.model.endpoint == "embedded":
+            notes.append("priors were measured on the embedded model on this project's machine; "
+                         "--pilot RUN replaces them with your own run's")
+        else:
+            notes.append(f"priors were measured on the embedded model: for {grid.model.name} they are "
+                         "rough (a real model's reasoning tokens, latency and tool use differ); run a "
+                         "small pilot grid and plan with --pilot RUN")
+    if grid.model.endpoint == "embedded":
+        notes.append("the embedded model shares this machine's cores: more workers than cores "
+                     "stretch each cell's seconds")
+    if price is None:
+        notes.append(f"dollars unknown: {price_source}")
+    return Plan(
+        grid=grid.name, model=grid.model.name, endpoint=grid.model.endpoint, workers=grid.workers,
+        cells=planned, instances=sum(p.instances for p in planned), calls=sum(p.calls for p in planned),
+        input_tokens=sum(p.input_tokens for p in planned), output_tokens=sum(p.output_tokens for p in planned),
+        usd=None if price is None else sum(p.usd or 0.0 for p in planned), price_source=price_source,
+        cell_seconds=sum(p.seconds for p in planned), wall_seconds=wall_at([p.seconds for p in planned], grid.workers),
+        snapshot_bytes=sum(p.snapshot_bytes for p in planned),
+        images=needed_images(grid) if images else [], pilot=str(pilot_dir) if pilot_dir else None, notes=notes)
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+def _count(value: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(round(seconds)), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours >= 48:
+        return f"{hours / 24:.1f} d"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _usd(value: float | None) -> str:
+    return "?" if value is None else f"~${value:,.2f}"
+
+
+def _sources(plan: Plan) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for p in plan.cells:
+        counts[p.source.split(" ")[0]] += 1
+    return ", ".join(f"{source} {n}" for source, n in sorted(counts.items()))
+
+
+def render_plan(plan: Plan, console) -> None:
+    """The plan as a rich table per cell, a total line, the images and the notes."""
+    from rich.table import Table
+
+    table = Table(title=f"plan: {plan.grid} ({len(plan.cells)} cells, model {plan.model}, "
+                        f"{plan.workers} workers)", show_footer=True)
+    columns = (("cell", "total"), ("instances", f"{plan.instances:,}"), ("calls", _count(plan.calls)),
+               ("input tok", _count(plan.input_tokens)), ("output tok", _count(plan.output_tokens)),
+               ("USD (est.)", _usd(plan.usd)),
+               ("wall", f"{_duration(plan.wall_seconds)} at {plan.workers}"),
+               ("snapshots", _bytes(plan.snapshot_bytes)), ("rates from", _sources(plan)))
+    for i, (name, footer) in enumerate(columns):
+        table.add_column(name, footer=footer, justify="left" if i in (0, 8) else "right")
+    for p in plan.cells:
+        table.add_row(p.cell, f"{p.instances}", _count(p.calls), _count(p.input_tokens),
+                      _count(p.output_tokens), _usd(p.usd), _duration(p.seconds), _bytes(p.snapshot_bytes),
+                      p.source)
+    console.print(table)
+    dollars = (f"{_usd(plan.usd)} (an estimate; prices: {plan.price_source})" if plan.usd is not None
+               else "dollars unknown (no price: see the note)")
+    console.print(f"total: {plan.instances:,} instances, {_count(plan.calls)} model calls, "
+                  f"{_count(plan.input_tokens)} input + {_count(plan.output_tokens)} output tokens, "
+                  f"{dollars}, {_duration(plan.cell_seconds)} of cell time = {_duration(plan.wall_seconds)} "
+                  f"wall at {plan.workers} workers, {_bytes(plan.snapshot_bytes)} of state snapshots",
+                  highlight=False, soft_wrap=True)
+    if plan.images:
+        build = [i.name for i in plan.images if i.status == "to build"]
+        console.print(f"images: {', '.join(build) or 'none'} to build", highlight=False)
+        for image in plan.images:
+            console.print(f"  {image.name:<14} {image.status:<9} {image.tag or '-':<36} {image.note}",
+                          highlight=False, soft_wrap=True)
+    else:
+        console.print("images: none (no Docker: no harness, program checks in host processes)", highlight=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
