@@ -57,8 +57,9 @@ def test_the_paper_grid_plan_is_a_bill_per_cell_from_the_stated_priors():
 
 def test_the_grids_own_prices_give_dollars_marked_as_an_estimate(tmp_path):
     text = Path("examples/paper-arc1.yaml").read_text()
-    text = text.replace("input_usd_per_mtok: 0", "input_usd_per_mtok: 2").replace(
-        "output_usd_per_mtok: 0", "output_usd_per_mtok: 8")
+    text = text.replace("# input_usd_per_mtok: 2.0", "input_usd_per_mtok: 2").replace(
+        "# output_usd_per_mtok: 8.0", "output_usd_per_mtok: 8")
+    assert "input_usd_per_mtok: 2\n" in text
     path = tmp_path / "priced.yaml"
     path.write_text(text)
     plan = plan_grid(load_grid(path), images=False)

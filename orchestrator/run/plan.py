@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.records import CellPaths, CellRecord, RunPaths, read_events
-from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, price_table
 from proxy.journal import read_journal
 from proxy.prices import Price, PriceTable
 
@@ -217,23 +217,22 @@ def pilot_rate(pilot: dict[Key, Measured], learner: str, row: str, effort: str) 
 
 # --- prices ---------------------------------------------------------------------------------------
 
-def price_table_for(grid: GridConfig) -> PriceTable:
-    """The price table a grid's dollars come from (proxy/prices.json; one place to re-point)."""
-    return PriceTable.load(None)
-
-
 def price_for(grid: GridConfig) -> tuple[Price | None, str]:
-    """The grid's model price (USD per million tokens) and where it came from; the grid's own
-    `model.*_usd_per_mtok` when it sets them, else the price table."""
+    """The grid's model price (USD per million tokens) from the run's price table
+    (`grid_config.price_table`: carc's, the grid's `prices` file, the model's own prices) and
+    where it came from."""
     model = grid.model
-    if model.input_usd_per_mtok or model.output_usd_per_mtok:
-        return Price(model.input_usd_per_mtok, model.output_usd_per_mtok), "the grid's model.*_usd_per_mtok"
-    table = price_table_for(grid)
-    price = table.lookup(model.name)
+    price = price_table(grid).lookup(model.name)
+    if model.input_usd_per_mtok is not None or model.output_usd_per_mtok is not None:
+        return price, "the grid's model.*_usd_per_mtok"
     if price is None:
-        return None, (f"no price for model {model.name!r} in {table.source}: set model.input_usd_per_mtok "
-                      "and model.output_usd_per_mtok in the grid")
-    return price, table.source
+        return None, (f"no price for model {model.name!r} in proxy/prices.json"
+                      + (f" or {grid.prices}" if grid.prices else "")
+                      + ": set model.input_usd_per_mtok and model.output_usd_per_mtok in the grid, "
+                        "or give it a prices file")
+    if grid.prices is not None and PriceTable.load(grid.prices).lookup(model.name) is not None:
+        return price, str(grid.prices)
+    return price, "proxy/prices.json"
 
 
 # --- the plan -------------------------------------------------------------------------------------
