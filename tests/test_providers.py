@@ -169,3 +169,36 @@ def test_an_anthropic_endpoint_is_the_sdks_base_url_with_or_without_v1(tmp_path)
     path.write_text("name: g\nmodel: {endpoint: 'https://api.anthropic.com/v1/', api: anthropic-messages, "
                     "name: claude-sonnet-4-5}\nlearners: [stateless-floor]\n")
     assert load_grid(path).model.endpoint == "https://api.anthropic.com"
+
+
+def test_a_harness_whose_adapter_lacks_the_api_is_refused_at_its_learner_line(tmp_path, monkeypatch):
+    """hermes' real adapter, declared chat-only (as a new adapter's scaffold starts out)."""
+    import dataclasses
+
+    from harness_adapters import registry
+    from harness_adapters.hermes_agent import HERMES
+    monkeypatch.setattr(registry, "adapter", lambda name: dataclasses.replace(HERMES, apis=("openai-chat",)))
+    message = check(tmp_path, "{endpoint: 'https://api.openai.com/v1', name: gpt-5-mini, api: openai-responses}",
+                    learners="\n  - stateless-floor\n  - hermes-agent")
+    assert message == (f"{tmp_path / 'grid.yaml'}:6: learners[1]: hermes-agent cannot use model.api "
+                       "openai-responses: its adapter speaks openai-chat; remove this learner or change "
+                       "model.api (docs/providers.md)")
+
+
+@pytest.mark.parametrize("api", list(MODELS))
+def test_each_harness_renders_its_own_config_for_each_api(api):
+    import json
+
+    import yaml
+
+    from harness_adapters import hermes_agent, openclaw, prime_agent
+    hermes = yaml.safe_load(hermes_agent.render_config("http://proxy:8081/v1", "m", "high", api=api))
+    assert hermes["model"]["api_mode"] == hermes_agent.API_MODES[api]
+    claw = json.loads(openclaw.render_config("http://proxy:8081/v1", "m", "high", api=api))
+    provider = claw["models"]["providers"]["carc"]
+    assert provider["api"] == {"openai-chat": "openai-completions"}.get(api, api)
+    assert ("compat" in provider["models"][0]) == (api == "openai-chat")
+    prime = json.loads(prime_agent.render_models("http://proxy:8081/v1", "m", "high", api=api))
+    assert prime["providers"]["carc"]["api"] == {"openai-chat": "openai-completions"}.get(api, api)
+    for adapter in (hermes_agent.HERMES, openclaw.OPENCLAW, prime_agent.PRIME):
+        assert api in adapter.apis
