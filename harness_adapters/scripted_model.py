@@ -34,7 +34,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from solver_model.conversation import message_text
-from solver_model.server import ResponsesRequest, _responses_messages, answer_conversation
+from solver_model.server import (ResponsesRequest, _responses_messages, answer_conversation,
+                                 anthropic_messages)
 
 NOTE = "carc-note: task {task} was seen"
 _TASK = re.compile(r"Task id: (\S+)")
@@ -197,28 +198,6 @@ def _responses(body: dict[str, Any], served: list[Served]):
         yield event("response.output_item.done", output_index=0, item=item)
         yield event("response.completed", response=final)
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Anthropic's system and messages as chat messages: text blocks as text, tool_use blocks as
-    tool calls, tool_result blocks as tool messages."""
-    system = body.get("system")
-    out: list[dict[str, Any]] = [{"role": "system", "content": message_text(system)}] if system else []
-    for message in body.get("messages") or []:
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append({"role": message.get("role"), "content": content})
-            continue
-        texts = [b.get("text", "") for b in content or [] if b.get("type") == "text"]
-        calls = [{"id": b.get("id"), "type": "function", "function": {
-                  "name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}}
-                 for b in content or [] if b.get("type") == "tool_use"]
-        out += [{"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": message_text(b.get("content"))}
-                for b in content or [] if b.get("type") == "tool_result"]
-        if texts or calls:
-            out.append({"role": message.get("role"), "content": "\n".join(texts) or None,
-                        **({"tool_calls": calls} if calls else {})})
-    return out
 
 
 def _anthropic(body: dict[str, Any], served: list[Served]):

@@ -789,7 +789,9 @@ def test_live_the_agent_logs_are_collected_per_instance(run_dir):
 PRIME_EFFORT = {
     "openai-chat": {"reasoning_effort": "high"},
     "openai-responses": {"reasoning": {"effort": "high", "summary": "auto"}},
-    "anthropic-messages": {"thinking": {"type": "enabled", "budget_tokens": 16384, "display": "summarized"}},
+    # high's 16384 leaves no room under the model's maxTokens (16384): pi-ai keeps 1024 for the answer
+    # (packages/ai/src/providers/simple-options.ts:27-50)
+    "anthropic-messages": {"thinking": {"type": "enabled", "budget_tokens": 16384 - 1024, "display": "summarized"}},
 }
 
 

@@ -159,9 +159,10 @@ def test_an_anthropic_max_tokens_below_the_thinking_budget_is_refused_at_its_lin
                               "the thinking budget of effort medium (8192 tokens")
 
 
-def test_the_embedded_model_refuses_anthropic_messages(tmp_path):
-    message = check(tmp_path, "{api: anthropic-messages}")
-    assert ":2: model.api: the embedded model serves openai-chat and openai-responses" in message
+def test_a_harness_on_the_embedded_models_responses_is_refused(tmp_path):
+    message = check(tmp_path, "{api: openai-responses}", learners="[stateless-floor, openclaw]")
+    assert message == (f"{tmp_path / 'grid.yaml'}:4: learners[1]: openclaw streams its Responses calls, "
+                       "and the embedded model serves Responses unstreamed only; use model.api openai-chat")
 
 
 def test_an_anthropic_endpoint_is_the_sdks_base_url_with_or_without_v1(tmp_path):

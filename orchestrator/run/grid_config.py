@@ -232,11 +232,8 @@ class GridConfig(_Strict):
         return found
 
     def _embedded_api_problems(self) -> list[tuple[tuple[Any, ...], str]]:
-        """The embedded model serves chat completions (streamed or not) and non-streamed
-        Responses: the ladder can use either, a harness (which streams) only chat."""
-        if self.model.api == "anthropic-messages":
-            return [(("model", "api"), "the embedded model serves openai-chat and openai-responses, "
-                                       "not anthropic-messages; use one of those or an endpoint")]
+        """The embedded model serves chat completions and Anthropic messages (streamed or not) and
+        non-streamed Responses: the ladder can use any, a harness (which streams) not Responses."""
         if self.model.api == "openai-responses":
             return [(("learners", i), f"{e.learner} streams its Responses calls, and the embedded model "
                                       "serves Responses unstreamed only; use model.api openai-chat")
