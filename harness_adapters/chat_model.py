@@ -1,8 +1,13 @@
-"""An OpenAI-compatible chat client configured by base URL, key variable, model, effort and prices.
+"""The ladder's model client: one class over three model APIs, configured by base URL, key
+variable, model, API, effort and prices.
 
 The ladder learners talk to their model only through this, over HTTP, so the embedded solver
-model and any real endpoint are interchangeable. Compute is measured per call (tokens, seconds,
-dollars from the price table) for the records; it is never part of the score.
+model and any real endpoint are interchangeable. Each API is spoken with its provider's official
+SDK (`openai` for chat completions and Responses, `anthropic` for messages); retries, backoff and
+the instance's deadline are this module's, the same for every API. Compute is measured per call
+(tokens, seconds, dollars from the price table) for the records; it is never part of the score.
+
+`EFFORT_FIELDS` is the one table of how a carc effort reaches each API's wire (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -12,21 +17,57 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
+import anthropic
 import openai
 import structlog
+from anthropic.types import Message
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.host import PLACEHOLDER_KEY
 
 log = structlog.get_logger("carc.model")
 
+Api = Literal["openai-chat", "openai-responses", "anthropic-messages"]
+APIS: tuple[str, ...] = get_args(Api)
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
+
+# Anthropic has no effort on budget thinking: each effort is a thinking budget (tokens). The four
+# common ones are pi-ai's defaults (prime-agent's and openclaw's model layer), the two above them
+# double on. The budget must be at least 1024 and below max_tokens.
+ANTHROPIC_THINKING_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384,
+                             "xhigh": 32768, "max": 65536}
+ANTHROPIC_ANSWER_TOKENS = 8192  # max_tokens = budget + this when the grid gives no max_tokens
+
+# carc effort -> the request fields that carry it, per API (documented in docs/providers.md).
+EFFORT_FIELDS: dict[str, dict[str, dict[str, Any]]] = {
+    "openai-chat": {e: {"reasoning_effort": e} for e in EFFORTS},
+    "openai-responses": {e: {"reasoning": {"effort": e}} for e in EFFORTS},
+    "anthropic-messages": {e: {"thinking": {"type": "enabled", "budget_tokens": b}}
+                           for e, b in ANTHROPIC_THINKING_BUDGET.items()},
+}
+
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx: what OpenAI's own clients retry
 BACKOFF_S = 0.5        # first wait without a Retry-After; doubled per attempt
 BACKOFF_CAP_S = 8.0
 RETRY_AFTER_CAP_S = 60.0  # a longer Retry-After is waited this long (then the attempt says again)
+SDK_ERRORS = (openai.APIError, anthropic.APIError)
+CONNECTION_ERRORS = (openai.APIConnectionError, anthropic.APIConnectionError)
+
+
+def effort_fields(api: str, effort: str | None) -> dict[str, Any]:
+    """The request fields that carry `effort` on `api` (none without an effort)."""
+    return dict(EFFORT_FIELDS[api][effort]) if effort else {}
+
+
+def anthropic_max_tokens(effort: str | None, max_tokens: int | None) -> int:
+    """Anthropic's required max_tokens: the grid's, else room for the thinking budget and an answer."""
+    if max_tokens:
+        return max_tokens
+    return ANTHROPIC_THINKING_BUDGET.get(effort or "", 0) + ANTHROPIC_ANSWER_TOKENS
 
 
 class ModelEndpoint(BaseModel):
@@ -36,6 +77,7 @@ class ModelEndpoint(BaseModel):
 
     base_url: str
     model: str
+    api: Api = "openai-chat"
     api_key_env: str = "OPENAI_API_KEY"
     effort: str | None = None
     input_usd_per_mtok: float = Field(0.0, ge=0)
@@ -83,27 +125,30 @@ def _wire_safe(value: Any) -> Any:
 
 
 class ChatModel:
+    """One conversation turn at a time, over the endpoint's API (`ModelEndpoint.api`)."""
+
     def __init__(self, endpoint: ModelEndpoint):
         self.endpoint = endpoint
         # Behind the journaling proxy the key variable is empty: the proxy holds the real key.
         key = (os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None) or PLACEHOLDER_KEY
         # Retries are this class's (`complete`): the SDK's own would give every attempt the
         # whole timeout again, so one call could outlast the instance's wall clock many times.
-        self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
-                                    timeout=endpoint.timeout_s, max_retries=0)
+        if endpoint.api == "anthropic-messages":
+            self.client: Any = anthropic.Anthropic(base_url=endpoint.base_url, api_key=key,
+                                                   timeout=endpoint.timeout_s, max_retries=0)
+        else:
+            self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
+                                        timeout=endpoint.timeout_s, max_retries=0)
+        self._wire = _WIRES[endpoint.api]
 
     def complete(self, messages: list[dict[str, Any]], deadline: float | None = None) -> ChatReply:
-        """One chat completion. A 408/409/429/5xx answer or a lost connection is retried up to
-        `max_retries` times, after the wait the server asked for (Retry-After, retry-after-ms)
+        """One model turn on the conversation `messages` (chat-style roles system, user,
+        assistant, whatever the API). A 408/409/429/5xx answer or a lost connection is retried up
+        to `max_retries` times, after the wait the server asked for (Retry-After, retry-after-ms)
         or else an exponential backoff; every attempt passes the proxy, so each is journaled.
         Past `deadline` (time.monotonic(): the instance's wall clock) nothing more is attempted
         or waited for, and an attempt is cut there, never later than the endpoint's timeout."""
-        extra: dict[str, Any] = {}
-        if self.endpoint.effort:
-            extra["reasoning_effort"] = self.endpoint.effort
-        if self.endpoint.max_tokens:
-            extra["max_tokens"] = self.endpoint.max_tokens
-        where = f"{self.endpoint.base_url} ({self.endpoint.model})"
+        where = f"{self.endpoint.base_url} ({self.endpoint.model}, {self.endpoint.api})"
         start = time.perf_counter()
         failures: list[str] = []
         while True:
@@ -115,10 +160,9 @@ class ChatModel:
                                            f"{len(failures)} failed attempt(s): {'; '.join(failures)[-500:]}")
                 timeout = min(timeout, max(left, 0.5))
             try:
-                response = self.client.chat.completions.create(
-                    model=self.endpoint.model, messages=_wire_safe(messages), timeout=timeout, **extra)
+                response = self._wire.create(self.client, self.endpoint, _wire_safe(messages), timeout)
                 break
-            except openai.APIError as exc:
+            except SDK_ERRORS as exc:
                 if not _retryable(exc) or len(failures) >= self.endpoint.max_retries:
                     raise ModelUnavailable(f"{where}: {exc}"
                                            + (f" (after {len(failures)} retries: {'; '.join(failures)[-300:]})"
@@ -132,33 +176,123 @@ class ChatModel:
                          error=failures[-1])
                 time.sleep(wait)
         seconds = time.perf_counter() - start
-        if not isinstance(response, ChatCompletion):  # a 200 with a body that is not JSON (a wrong base URL)
-            raise ModelUnavailable(f"{where}: the reply is not a "
-                                   f"chat completion: {str(response)[:200]!r}; check model.endpoint")
-        # Compatible servers omit what OpenAI always sends: no choices, no message, no usage counts.
-        choice = response.choices[0] if response.choices else None
-        message = getattr(choice, "message", None)
-        text = getattr(message, "content", None) or ""
-        prompt = getattr(response.usage, "prompt_tokens", None) or 0
-        completion = getattr(response.usage, "completion_tokens", None) or 0
+        if not isinstance(response, self._wire.reply_type):  # a 200 whose body is not JSON (a wrong base URL)
+            raise ModelUnavailable(f"{where}: the reply is not a {self._wire.reply_name}: "
+                                   f"{str(response)[:200]!r}; check model.endpoint and model.api")
+        text, prompt, completion = self._wire.read(response)
         usd = (prompt * self.endpoint.input_usd_per_mtok
                + completion * self.endpoint.output_usd_per_mtok) / 1e6
         return ChatReply(text, Usage(1, prompt, completion, seconds, usd))
 
 
-def _retryable(exc: openai.APIError) -> bool:
-    if isinstance(exc, openai.APIConnectionError):  # refused, reset, timed out
+def _system_and_turns(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The system messages joined, and the other turns with consecutive same-role turns merged
+    (the APIs without a system role take it as a separate field)."""
+    system = "\n\n".join(str(m["content"]) for m in messages if m["role"] in ("system", "developer"))
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] in ("system", "developer"):
+            continue
+        if turns and turns[-1]["role"] == message["role"]:
+            turns[-1] = {"role": message["role"], "content": f"{turns[-1]['content']}\n\n{message['content']}"}
+        else:
+            turns.append({"role": message["role"], "content": message["content"]})
+    return system, turns
+
+
+def _count(usage: Any, name: str) -> int:
+    return getattr(usage, name, None) or 0
+
+
+class _ChatWire:
+    """OpenAI chat completions (also OpenRouter, vLLM, Ollama, llama.cpp and other compatible servers)."""
+
+    reply_type, reply_name = ChatCompletion, "chat completion"
+
+    @staticmethod
+    def create(client: openai.OpenAI, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
+               timeout: float) -> Any:
+        extra = effort_fields("openai-chat", endpoint.effort)
+        if endpoint.max_tokens:
+            extra["max_tokens"] = endpoint.max_tokens
+        return client.chat.completions.create(model=endpoint.model, messages=messages,
+                                              timeout=timeout, **extra)
+
+    @staticmethod
+    def read(response: ChatCompletion) -> tuple[str, int, int]:
+        # Compatible servers omit what OpenAI always sends: no choices, no message, no usage counts.
+        choice = response.choices[0] if response.choices else None
+        message = getattr(choice, "message", None)
+        return (getattr(message, "content", None) or "", _count(response.usage, "prompt_tokens"),
+                _count(response.usage, "completion_tokens"))
+
+
+class _ResponsesWire:
+    """OpenAI Responses: system text as `instructions`, nothing stored server-side."""
+
+    reply_type, reply_name = Response, "Responses API response"
+
+    @staticmethod
+    def create(client: openai.OpenAI, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
+               timeout: float) -> Any:
+        system, turns = _system_and_turns(messages)
+        extra = effort_fields("openai-responses", endpoint.effort)
+        if endpoint.max_tokens:
+            extra["max_output_tokens"] = endpoint.max_tokens
+        if system:
+            extra["instructions"] = system
+        return client.responses.create(model=endpoint.model, input=turns, store=False,
+                                       timeout=timeout, **extra)
+
+    @staticmethod
+    def read(response: Response) -> tuple[str, int, int]:
+        return (response.output_text, _count(response.usage, "input_tokens"),
+                _count(response.usage, "output_tokens"))
+
+
+class _AnthropicWire:
+    """Anthropic messages: system text as `system`, max_tokens always sent (the API requires it)."""
+
+    reply_type, reply_name = Message, "Anthropic message"
+
+    @staticmethod
+    def create(client: anthropic.Anthropic, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
+               timeout: float) -> Any:
+        system, turns = _system_and_turns(messages)
+        extra = effort_fields("anthropic-messages", endpoint.effort)
+        if system:
+            extra["system"] = system
+        return client.messages.create(model=endpoint.model, messages=turns, timeout=timeout,
+                                      max_tokens=anthropic_max_tokens(endpoint.effort, endpoint.max_tokens),
+                                      **extra)
+
+    @staticmethod
+    def read(response: Message) -> tuple[str, int, int]:
+        text = "".join(block.text for block in response.content or [] if block.type == "text")
+        usage = response.usage
+        # Anthropic counts cache writes and reads apart from input_tokens; all are prompt tokens.
+        prompt = sum(_count(usage, k) for k in
+                     ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        return text, prompt, _count(usage, "output_tokens")
+
+
+_WIRES: dict[str, Any] = {"openai-chat": _ChatWire, "openai-responses": _ResponsesWire,
+                          "anthropic-messages": _AnthropicWire}
+
+
+def _retryable(exc: Exception) -> bool:
+    if isinstance(exc, CONNECTION_ERRORS):  # refused, reset, timed out
         return True
     status = getattr(exc, "status_code", None)
     return status is not None and (status in RETRY_STATUSES or status >= 500)
 
 
-def _describe(exc: openai.APIError) -> str:
+def _describe(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
     return f"HTTP {status}" if status is not None else type(exc).__name__
 
 
-def retry_wait(exc: openai.APIError, attempt: int) -> float:
+def retry_wait(exc: Exception, attempt: int) -> float:
     """Seconds to wait before attempt `attempt + 1`: the server's Retry-After (seconds or an HTTP
     date) or retry-after-ms, capped at RETRY_AFTER_CAP_S; else BACKOFF_S doubled per attempt,
     capped, with up to 25% jitter so that cells do not retry in step."""

@@ -69,6 +69,7 @@ class HarnessCell:
     row: str
     options: dict[str, Any] = field(default_factory=dict)  # the grid's harness_options[name]
     shared: dict[str, Any] = field(default_factory=dict)   # what the state and learner share
+    api: str = "openai-chat"  # the grid's model.api: one of the adapter's `apis`
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ class HarnessAdapter:
     error_patterns: tuple[tuple[str, FailureKind], ...] = ()
     options: tuple[Option, ...] = ()
     docs: str = ""  # the project's page of verified facts about the harness
+    # the model APIs the adapter renders a config for (harness_adapters.chat_model.APIS);
+    # `carc grid check` refuses a grid whose model.api is not among them
+    apis: tuple[str, ...] = ("openai-chat",)
 
     def option_problems(self, given: dict[str, Any]) -> dict[str, str]:
         """option name -> what is wrong with the value a grid gives it (empty when all is well)."""

@@ -26,8 +26,12 @@ HERMES_VERSION = "0.19.0"
 HERMES_HOME = "/state/hermes"
 RECIPE = Recipe("hermes-agent", Path(__file__).parent / "recipes" / "hermes-agent", "base",
                 {"HERMES_VERSION": HERMES_VERSION},
-                {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent=={HERMES_VERSION}",))})
+                # the anthropic extra: hermes' anthropic_messages transport needs the anthropic SDK
+                {"wheelhouse": lambda: wheelhouse("hermes-agent", (f"hermes-agent[anthropic]=={HERMES_VERSION}",))})
 TURN_TIMEOUT_S = 900.0
+# carc's model API -> hermes' transport (`api_mode`, hermes_cli/runtime_provider.py:338)
+API_MODES = {"openai-chat": "chat_completions", "openai-responses": "codex_responses",
+             "anthropic-messages": "anthropic_messages"}
 ERROR_PATTERNS = (
     (r"APIConnectionError|Connection refused|ConnectError", FailureKind.CRASH),
     (r"RateLimitError", FailureKind.RATE_LIMIT),
@@ -35,11 +39,13 @@ ERROR_PATTERNS = (
 )
 
 
-def render_config(base_url: str, model: str, effort: str | None, context_length: int = 131072) -> str:
-    """config.yaml: the proxy as a custom provider, approvals and outside calls off."""
+def render_config(base_url: str, model: str, effort: str | None, context_length: int = 131072,
+                  api: str = "openai-chat") -> str:
+    """config.yaml: the proxy as a custom provider speaking `api`, approvals and outside calls off.
+    (The driver gives AIAgent the same api_mode; the background review inherits it.)"""
     config: dict[str, Any] = {
         "model": {"provider": "custom", "base_url": base_url, "default": model,
-                  "context_length": context_length},
+                  "context_length": context_length, "api_mode": API_MODES[api]},
         "security": {"tirith_enabled": False, "allow_lazy_installs": False},
         "approvals": {"mode": "off"},
         # text: no per-turn probing of the endpoint for a local vision server (/api/tags, /props)
@@ -57,12 +63,13 @@ class HermesAgent(ConversationHarness):
 
     def __init__(self, cell: HarnessCell):
         super().__init__(cell)
+        self.api_mode = API_MODES[cell.api]
         self.driver = None
 
     def open_conversation(self, session: str) -> None:
         self.driver = self.sandbox.open_process(
             ["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"], env={"HERMES_HOME": HERMES_HOME})
-        self.driver.send_line(json.dumps({"session": session, "model": self.model,
+        self.driver.send_line(json.dumps({"session": session, "model": self.model, "api_mode": self.api_mode,
                                           "base_url": self.sandbox.reverse_base_url()}))
         self._read("starting hermes")
 
@@ -106,11 +113,12 @@ class HermesAgent(ConversationHarness):
 
 def _state(cell: HarnessCell) -> HarnessState:
     """hermes has no daemon: its state is the volume plus the config rendered after each wipe."""
-    config = render_config(cell.sandbox.reverse_base_url(), cell.model, cell.effort)
+    config = render_config(cell.sandbox.reverse_base_url(), cell.model, cell.effort, api=cell.api)
     return HarnessState(cell.sandbox, {f"{HERMES_HOME}/config.yaml": config},
                         logs=(f"{HERMES_HOME}/logs/agent.log", f"{HERMES_HOME}/logs/errors.log"))
 
 
 HERMES = HarnessAdapter(
     name="hermes-agent", version=HERMES_VERSION, recipe=RECIPE, make_state=_state,
-    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md")
+    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md",
+    apis=tuple(API_MODES))

@@ -44,22 +44,28 @@ OPTIONS = (
     Option("max_tokens", int, 16384, "the most tokens a reply may have"),
 )
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+# carc's model API -> openclaw's provider `api` (dist/model-data-*.mjs MODEL_DATA_APIS)
+PROVIDER_APIS = {"openai-chat": "openai-completions", "openai-responses": "openai-responses",
+                 "anthropic-messages": "anthropic-messages"}
 
 
-def render_config(base_url: str, model: str, effort: str | None, options: dict[str, Any] | None = None) -> str:
-    """openclaw.json: the proxy as the only provider; every learning mechanism on; the outside
-    calls (update check, model catalog) off; memory search set explicitly to FTS-only."""
+def render_config(base_url: str, model: str, effort: str | None, options: dict[str, Any] | None = None,
+                  api: str = "openai-chat") -> str:
+    """openclaw.json: the proxy as the only provider, speaking `api`; every learning mechanism on;
+    the outside calls (update check, model catalog) off; memory search set explicitly to FTS-only."""
     opts = OPENCLAW.settings(options or {})
+    entry: dict[str, Any] = {"id": model, "name": model, "reasoning": True, "input": ["text"],
+                             "contextWindow": opts["context_window"], "maxTokens": opts["max_tokens"]}
+    if api == "openai-chat":  # completions-only compat flags
+        entry["compat"] = {"supportsReasoningEffort": True,
+                           # stream_options.include_usage: the journal counts tokens
+                           "supportsUsageInStreaming": True}
     config = {
         "models": {
             "catalogRefresh": {"enabled": False},  # it bypasses the proxy (its own DNS lookup)
             "providers": {"carc": {
-                "baseUrl": base_url, "apiKey": "${OPENAI_API_KEY}", "api": "openai-completions",
-                "models": [{"id": model, "name": model, "reasoning": True, "input": ["text"],
-                            "contextWindow": opts["context_window"], "maxTokens": opts["max_tokens"],
-                            "compat": {"supportsReasoningEffort": True,
-                                       # stream_options.include_usage: the journal counts tokens
-                                       "supportsUsageInStreaming": True}}]}}},
+                "baseUrl": base_url, "apiKey": "${OPENAI_API_KEY}", "api": PROVIDER_APIS[api],
+                "models": [entry]}}},
         "agents": {"defaults": {
             "model": {"primary": f"carc/{model}"},
             "thinkingDefault": effort or "medium",
@@ -155,7 +161,7 @@ def _gateway(cell: HarnessCell) -> Gateway:
 
 def _state(cell: HarnessCell) -> HarnessState:
     gateway = _gateway(cell)
-    config = render_config(cell.sandbox.reverse_base_url(), cell.model, cell.effort, cell.options)
+    config = render_config(cell.sandbox.reverse_base_url(), cell.model, cell.effort, cell.options, cell.api)
     return HarnessState(cell.sandbox, {f"{STATE_DIR}/openclaw.json": config},
                         start=gateway.start, stop=gateway.stop,
                         logs=(f"{LOG_DIR}/openclaw.log", f"{LOG_DIR}/gateway.out"),
@@ -165,4 +171,5 @@ def _state(cell: HarnessCell) -> HarnessState:
 OPENCLAW = HarnessAdapter(
     name="openclaw", version=OPENCLAW_VERSION, recipe=RECIPE,
     make_state=_state, make_learner=lambda cell: OpenClaw(cell, _gateway(cell)),
-    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/openclaw.md")
+    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/openclaw.md",
+    apis=tuple(PROVIDER_APIS))

@@ -46,6 +46,9 @@ TMP_DIR = "/tmp/prime"                  # tmpfs: the daemon socket is $TMPDIR/pr
 KERNEL_PYTHON = "/opt/prime-kernel/bin/python"
 PROVIDER = "carc"
 KEY_ENV = "OPENAI_API_KEY"              # the sandbox holds the placeholder; the proxy swaps the key
+# carc's model API -> prime-agent's provider `api` (packages/ai/src/types.ts:6 KnownApi)
+PROVIDER_APIS = {"openai-chat": "openai-completions", "openai-responses": "openai-responses",
+                 "anthropic-messages": "anthropic-messages"}
 START_TIMEOUT_S = 300.0
 TURN_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 60.0
@@ -82,15 +85,16 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
-def render_models(base_url: str, model: str, effort: str | None, options: dict[str, Any] | None = None) -> str:
-    """models.json: the proxy as the only provider (OpenAI-compatible /v1); no effort = no reasoning."""
+def render_models(base_url: str, model: str, effort: str | None, options: dict[str, Any] | None = None,
+                  api: str = "openai-chat") -> str:
+    """models.json: the proxy as the only provider, speaking `api`; no effort = no reasoning."""
     opts = _options(options)
     entry: dict[str, Any] = {"id": model, "name": model, "reasoning": effort is not None, "input": ["text"],
                              "contextWindow": opts["context_window"], "maxTokens": opts["max_tokens"]}
     if opts["compat"]:
         entry["compat"] = opts["compat"]
     return json.dumps({"providers": {PROVIDER: {
-        "baseUrl": base_url, "api": "openai-completions", "apiKey": KEY_ENV, "models": [entry]}}}, indent=2)
+        "baseUrl": base_url, "api": PROVIDER_APIS[api], "apiKey": KEY_ENV, "models": [entry]}}}, indent=2)
 
 
 def render_settings(model: str, effort: str | None, options: dict[str, Any] | None = None) -> str:
@@ -360,7 +364,7 @@ def _agent(cell: HarnessCell) -> PrimeAgentProcess:
 def _state(cell: HarnessCell) -> PrimeAgentState:
     agent = _agent(cell)
     files = {f"{AGENT_DIR}/models.json": render_models(cell.sandbox.reverse_base_url(), cell.model,
-                                                       cell.effort, cell.options),
+                                                       cell.effort, cell.options, cell.api),
              f"{AGENT_DIR}/settings.json": render_settings(cell.model, cell.effort, cell.options)}
     return PrimeAgentState(cell.sandbox, files, start=agent.start, stop=agent.stop,
                            logs=(f"{LOG_DIR}/agent.jsonl",))
@@ -579,4 +583,5 @@ RECIPE = Recipe("prime-agent", Path(__file__).parent / "recipes" / "prime-agent"
 PRIME = HarnessAdapter(
     name="prime-agent", version=PRIME_AGENT_VERSION, recipe=RECIPE,
     make_state=_state, make_learner=lambda cell: PrimeAgent(cell, _agent(cell)),
-    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/prime-agent.md")
+    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/prime-agent.md",
+    apis=tuple(PROVIDER_APIS))

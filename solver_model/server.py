@@ -7,9 +7,12 @@ Routes (also served without the /v1 prefix, for clients configured with a bare b
   `tool_calls` (finish_reason "tool_calls"; streamed as tool-call deltas) or text; without tools
   the reply is the policy's text, exactly as before.
 - `POST /v1/responses`: non-streaming only; with `tools`, calls come as `function_call` items.
+- `POST /v1/messages`: Anthropic's messages API, streamed or not; with `tools`, calls come as
+  `tool_use` blocks (stop_reason "tool_use"), tool results as `tool_result` blocks.
 
-Effort: the request's `reasoning_effort` (or `reasoning.effort`), else a `-low|-medium|-high`
-suffix of the model id, else the server default. Every completion reports the time spent reading
+Effort: the request's `reasoning_effort` (or `reasoning.effort`; on messages `output_config.effort`,
+or the thinking budget: up to 2048 tokens low, up to 8192 medium, more high), else a
+`-low|-medium|-high` suffix of the model id, else the server default. Every completion reports the time spent reading
 the conversation and searching in `carc.search_ms` and the `x-carc-search-ms` header, so the
 orchestrator can tell model time from harness time.
 
@@ -133,6 +136,22 @@ class ChatRequest(_Open):
     max_tokens: int | None = None  # accepted; a reply is never cut (a cut action is malformed)
     max_completion_tokens: int | None = None
     n: int | None = None
+
+
+class ThinkingConfig(_Open):
+    type: str
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(_Open):
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int  # required by Anthropic's API; accepted (a reply is never cut)
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool | None = False
+    thinking: ThinkingConfig | None = None
+    output_config: Reasoning | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 class ResponsesRequest(_Open):
@@ -350,6 +369,28 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
             "carc": answer.carc(),
         }, headers=answer.headers())
 
+    @router.post("/messages")
+    async def messages(request: Request):
+        body: MessagesRequest = _validate(MessagesRequest, await _json_body(request))
+        requested = (body.output_config.effort if body.output_config and body.output_config.effort
+                     else _budget_effort(body.thinking))
+        effort = choose_effort(requested, body.model, effort_default)
+        tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                                   "parameters": t.get("input_schema") or {}}}
+                 for t in body.tools or []]
+        answer = await run(anthropic_messages(body.model_dump()), effort, body.tools, tools or None)
+        number = next(ids)
+        message = {"id": f"msg_carc_{number:06d}", "type": "message", "role": "assistant",
+                   "model": body.model, "content": _anthropic_content(answer, number),
+                   "stop_reason": "tool_use" if answer.calls else "end_turn", "stop_sequence": None,
+                   "usage": {"input_tokens": answer.prompt_tokens,
+                             "output_tokens": answer.completion_tokens},
+                   "carc": answer.carc()}
+        if not body.stream:
+            return JSONResponse(message, headers=answer.headers())
+        return StreamingResponse(_anthropic_stream(message), media_type="text/event-stream",
+                                 headers={**answer.headers(), "cache-control": "no-cache"})
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "effort_default": effort_default}
@@ -392,6 +433,68 @@ async def _stream(answer: Answer, completion_id: str, created: int, model: str,
     if include_usage:
         yield event([], usage=answer.usage())
     yield "data: [DONE]\n\n"
+
+
+def _budget_effort(thinking: ThinkingConfig | None) -> str | None:
+    """A thinking budget as the nearest effort (docs/providers.md: low 2048, medium 8192, high 16384)."""
+    if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
+        return None
+    return "low" if thinking.budget_tokens <= 2048 else "medium" if thinking.budget_tokens <= 8192 else "high"
+
+
+def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Anthropic's system and messages as chat messages: text blocks as text, tool_use blocks as
+    tool calls, tool_result blocks as tool messages."""
+    system = body.get("system")
+    out: list[dict[str, Any]] = [{"role": "system", "content": message_text(system)}] if system else []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": message.get("role"), "content": content})
+            continue
+        blocks = [b for b in content or [] if isinstance(b, Mapping)]
+        texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
+        calls = [{"id": b.get("id"), "type": "function", "function": {
+                  "name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}}
+                 for b in blocks if b.get("type") == "tool_use"]
+        out += [{"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": message_text(b.get("content"))}
+                for b in blocks if b.get("type") == "tool_result"]
+        if texts or calls:
+            out.append({"role": message.get("role"), "content": "\n".join(texts) or None,
+                        **({"tool_calls": calls} if calls else {})})
+    return out
+
+
+def _anthropic_content(answer: Answer, number: int) -> list[dict[str, Any]]:
+    if answer.calls:
+        return [{"type": "tool_use", "id": f"toolu_carc_{number:06d}_{i}", "name": call.name,
+                 "input": call.arguments} for i, call in enumerate(answer.calls)]
+    return [{"type": "text", "text": answer.text}]
+
+
+async def _anthropic_stream(message: dict[str, Any]) -> AsyncIterator[str]:
+    """Anthropic's message events: start (input tokens), each block, the delta with the output
+    tokens, stop."""
+    def event(kind: str, **fields: Any) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
+
+    usage = message["usage"]
+    yield event("message_start", message={**message, "content": [], "stop_reason": None,
+                                          "usage": {**usage, "output_tokens": 1}})
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "tool_use":
+            yield event("content_block_start", index=index, content_block={**block, "input": {}})
+            for piece in _pieces(json.dumps(block["input"]), STREAM_PIECES):
+                yield event("content_block_delta", index=index,
+                            delta={"type": "input_json_delta", "partial_json": piece})
+        else:
+            yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            for piece in _pieces(block["text"], STREAM_PIECES):
+                yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": piece})
+        yield event("content_block_stop", index=index)
+    yield event("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
+                usage={"output_tokens": usage["output_tokens"]})
+    yield event("message_stop")
 
 
 def _responses_output(answer: Answer, number: int) -> list[dict[str, Any]]:

@@ -15,7 +15,8 @@ import pytest
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import read_events
 from proxy.journal import read_journal
-from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401
+from tests.docker_fixtures import (check_journal_against_upstream, client, run_on_api,  # noqa: F401
+                                   run_scripted_grid)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -131,3 +132,21 @@ def first_user_messages(cell_dir: Path) -> dict[int, str]:
             users = [m for m in entry.request["messages"] if m.get("role") == "user"]
             firsts[entry.slot] = str(users[0]["content"])
     return firsts
+
+
+# hermes' own mapping of effort high on each API (docs/harnesses/hermes-agent.md, "Model APIs")
+HERMES_EFFORT = {
+    "openai-chat": {"reasoning_effort": "high"},
+    "openai-responses": {"reasoning": {"effort": "high", "summary": "auto"}},
+    "anthropic-messages": {"thinking": {"type": "enabled", "budget_tokens": 16000}},
+}
+
+
+@pytest.mark.parametrize("api", list(HERMES_EFFORT))
+def test_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
+        client, tmp_path, api):
+    served, folder = run_on_api(tmp_path, "hermes-agent", api)
+    calls = check_journal_against_upstream(folder, served, api)
+    for entry in calls:
+        for field, value in HERMES_EFFORT[api].items():
+            assert entry.request.get(field) == value, (api, field, entry.request.get(field))

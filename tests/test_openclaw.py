@@ -21,7 +21,8 @@ from orchestrator.records import read_events
 from orchestrator.run.grid_run import execute
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
-from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401
+from tests.docker_fixtures import (check_journal_against_upstream, client, run_on_api,  # noqa: F401
+                                   run_scripted_grid)
 
 GRID = """\
 name: openclaw-it
@@ -197,3 +198,26 @@ def test_dreaming_fires_during_the_stream_and_the_inspector_attributes_what_it_w
     assert (runs["mechanism"] == "dreaming").sum() >= 1
     timeline = result.tables["timeline"]
     assert {"dream diary", "dreaming corpus"} <= set(timeline[timeline["mechanism"] == "dreaming"]["kind"])
+
+
+# openclaw's own mapping of effort high (thinkingDefault) on each API
+# (docs/harnesses/openclaw.md, "Model APIs")
+OPENCLAW_EFFORT = {
+    "openai-chat": {"reasoning_effort": "high"},
+    "openai-responses": {"reasoning": {"effort": "high", "summary": "auto"}},
+    # high's 16384 does not fit under the model's maxTokens (16384, harness_options max_tokens):
+    # openclaw keeps 1024 for the answer and thinks with the rest
+    "anthropic-messages": {"thinking": {"type": "enabled", "budget_tokens": 16384 - 1024}},
+}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("api", list(OPENCLAW_EFFORT))
+def test_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
+        client, tmp_path, api):
+    served, folder = run_on_api(tmp_path, "openclaw", api)
+    calls = check_journal_against_upstream(folder, served, api)
+    for entry in calls:
+        for field, value in OPENCLAW_EFFORT[api].items():
+            assert entry.request.get(field) == value, (api, field, entry.request.get(field))

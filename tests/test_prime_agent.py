@@ -782,3 +782,26 @@ def test_live_the_agent_logs_are_collected_per_instance(run_dir):
     assert "state__prime__agent__logs__agent.jsonl" in names
     assert any(n.startswith("state__prime__agent__logs__daemon.sock.") for n in names)
 
+
+
+# prime-agent's own mapping of effort high (defaultThinkingLevel) on each API
+# (docs/harnesses/prime-agent.md, "Model APIs")
+PRIME_EFFORT = {
+    "openai-chat": {"reasoning_effort": "high"},
+    "openai-responses": {"reasoning": {"effort": "high", "summary": "auto"}},
+    # high's 16384 leaves no room under the model's maxTokens (16384): pi-ai keeps 1024 for the answer
+    # (packages/ai/src/providers/simple-options.ts:27-50)
+    "anthropic-messages": {"thinking": {"type": "enabled", "budget_tokens": 16384 - 1024, "display": "summarized"}},
+}
+
+
+@live
+@pytest.mark.parametrize("api", list(PRIME_EFFORT))
+def test_live_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
+        tmp_path, api):
+    from tests.docker_fixtures import check_journal_against_upstream, run_on_api
+    served, folder = run_on_api(tmp_path, "prime-agent", api)
+    calls = check_journal_against_upstream(folder, served, api)
+    for entry in calls:
+        for field, value in PRIME_EFFORT[api].items():
+            assert entry.request.get(field) == value, (api, field, entry.request.get(field))

@@ -275,6 +275,29 @@ def test_openai_client_reads_responses_output_text(live_url):
     assert extract_action(response.output_text).grid == as_grid(FLIPPED)
 
 
+def test_the_anthropic_client_reads_a_message_and_its_thinking_budget_sets_the_effort(live_url):
+    import anthropic
+    client = anthropic.Anthropic(base_url=live_url.removesuffix("/v1"), api_key="unused", max_retries=0)
+    raw = client.messages.with_raw_response.create(
+        model="carc-solver", max_tokens=4000, system=instance_messages()[0]["content"],
+        messages=[instance_messages()[1]], thinking={"type": "enabled", "budget_tokens": 2048})
+    message = raw.parse()
+    assert extract_action(message.content[0].text).grid == as_grid(FLIPPED)
+    assert message.stop_reason == "end_turn" and raw.headers["x-carc-effort"] == "low"
+    assert message.usage.output_tokens == count_tokens(message.content[0].text)
+
+
+def test_the_anthropic_client_streams_a_message_with_its_usage(live_url):
+    import anthropic
+    client = anthropic.Anthropic(base_url=live_url.removesuffix("/v1"), api_key="unused", max_retries=0)
+    with client.messages.stream(model="carc-solver", max_tokens=1000,
+                                messages=[instance_messages(with_pair=False)[1]]) as stream:
+        final = stream.get_final_message()
+    assert json.loads(final.content[0].text) == {"action": "request_demos"}
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == count_tokens(final.content[0].text)
+    assert final.usage.input_tokens > 0
+
+
 def test_openai_client_sees_a_bad_request_as_an_error_naming_the_field(live_url):
     with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
         openai_client(live_url).chat.completions.create(

@@ -178,7 +178,8 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     sandbox = DockerSandbox(spec).start()
     try:
         harness_cell = HarnessCell(sandbox, PromptSet.load(grid.prompts), grid.model.name,
-                                   cell.effort, cell.row, dict(grid.harness_options.get(adapter.name, {})))
+                                   cell.effort, cell.row, dict(grid.harness_options.get(adapter.name, {})),
+                                   api=grid.model.api)
         state = adapter.make_state(harness_cell)
         state.restore(None)  # an empty volume with the harness's config: a fresh start
         learner = adapter.make_learner(harness_cell)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness_adapters import registry
-from harness_adapters.chat_model import ModelEndpoint
+from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.rows import label
@@ -70,6 +70,8 @@ class TrackConfig(_Strict):
 class ModelConfig(_Strict):
     endpoint: str = Field(EMBEDDED, description="'embedded' (the project's solver model) or a base URL")
     name: str = "carc-solver"
+    api: Api = Field("openai-chat", description="the API the endpoint speaks: openai-chat (also "
+                     "OpenRouter, vLLM, Ollama, llama.cpp), openai-responses, anthropic-messages")
     api_key_env: str = "OPENAI_API_KEY"
     input_usd_per_mtok: float | None = Field(None, ge=0, description="the model's input price "
                                              "(USD per million tokens); null: the price table's")
@@ -91,8 +93,16 @@ class ModelConfig(_Strict):
                              "(e.g. https://api.openai.com/v1)")
         return f"{parts.scheme.lower()}://{value.split('://', 1)[1]}"
 
+    @model_validator(mode="after")
+    def _anthropic_base(self) -> "ModelConfig":
+        # Anthropic's SDKs add /v1/messages to their base URL: https://api.anthropic.com/v1 and
+        # https://api.anthropic.com name the same endpoint.
+        if self.api == "anthropic-messages" and self.endpoint != EMBEDDED:
+            self.endpoint = self.endpoint.rstrip("/").removesuffix("/v1")
+        return self
+
     def endpoint_for(self, effort: str, base_url: str) -> ModelEndpoint:
-        return ModelEndpoint(base_url=base_url, model=self.name, api_key_env=self.api_key_env,
+        return ModelEndpoint(base_url=base_url, model=self.name, api=self.api, api_key_env=self.api_key_env,
                              effort=effort, input_usd_per_mtok=self.input_usd_per_mtok or 0.0,
                              output_usd_per_mtok=self.output_usd_per_mtok or 0.0,
                              timeout_s=self.timeout_s, max_tokens=self.max_tokens)
@@ -191,13 +201,35 @@ class GridConfig(_Strict):
 
     def problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """What the field types cannot see, as (location, message): efforts the embedded model
-        lacks, and harness options their adapter does not declare or types differently (each
-        named harness's adapter module is imported for its declarations)."""
+        lacks, an API it or a harness cannot speak, an Anthropic max_tokens the thinking budget
+        does not fit in, and harness options their adapter does not declare or types
+        differently (each named harness's adapter module is imported for its declarations)."""
         found = []
         if self.model.endpoint == EMBEDDED:
             found += [(("efforts", i), f"the embedded model has efforts {', '.join(EMBEDDED_EFFORTS)}, "
                                        f"not {effort!r}")
                       for i, effort in enumerate(self.efforts) if effort not in EMBEDDED_EFFORTS]
+            found += self._embedded_api_problems()
+        if self.model.api == "anthropic-messages" and self.model.max_tokens is not None:
+            found += [(("model", "max_tokens"), f"{self.model.max_tokens} does not exceed the thinking "
+                       f"budget of effort {effort} ({ANTHROPIC_THINKING_BUDGET[effort]} tokens, "
+                       f"docs/providers.md); give more than that, or no max_tokens (carc then sends the "
+                       f"budget + 8192)")
+                      for effort in dict.fromkeys(self.efforts)
+                      if self.model.max_tokens <= ANTHROPIC_THINKING_BUDGET[effort]][:1]
+        for i, entry in enumerate(self.learners):
+            if entry.learner not in HARNESSES:
+                continue  # the ladder speaks every API
+            try:
+                apis = registry.adapter(entry.learner).apis
+            except Exception as exc:  # reported below for harness_options, or here
+                found.append((("learners", i), f"the adapter of {entry.learner} does not load: "
+                                               f"{type(exc).__name__}: {exc}"))
+                continue
+            if self.model.api not in apis:
+                found.append((("learners", i), f"{entry.learner} cannot use model.api {self.model.api}: "
+                              f"its adapter speaks {', '.join(apis)}; remove this learner or change "
+                              f"model.api (docs/providers.md)"))
         for harness, given in self.harness_options.items():
             try:
                 adapter = registry.adapter(harness)
@@ -207,6 +239,15 @@ class GridConfig(_Strict):
             found += [(("harness_options", harness, key), message)
                       for key, message in adapter.option_problems(given).items()]
         return found
+
+    def _embedded_api_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """The embedded model serves chat completions and Anthropic messages (streamed or not) and
+        non-streamed Responses: the ladder can use any, a harness (which streams) not Responses."""
+        if self.model.api == "openai-responses":
+            return [(("learners", i), f"{e.learner} streams its Responses calls, and the embedded model "
+                                      "serves Responses unstreamed only; use model.api openai-chat")
+                    for i, e in enumerate(self.learners) if e.learner in HARNESSES]
+        return []
 
     def cells(self) -> list["Cell"]:
         out = []

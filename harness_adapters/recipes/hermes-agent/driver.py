@@ -1,6 +1,6 @@
 """carc's driver for hermes-agent, run inside the sandbox: one process per conversation (instance).
 
-stdin, one JSON object per line: first {"session", "base_url", "model"}, then {"message": text}
+stdin, one JSON object per line: first {"session", "base_url", "model", "api_mode"}, then {"message": text}
 for every user message; stdout: one JSON object per answered message. At end of input the
 background review threads are joined (hermes starts them after a turn and would lose them at
 exit), the agent is closed, and the process exits. Anything hermes prints goes to stderr, so
@@ -29,7 +29,7 @@ setup = json.loads(sys.stdin.readline())
 config = load_config()
 db = SessionDB()
 agent = AIAgent(base_url=setup["base_url"], api_key=os.environ.get("OPENAI_API_KEY", ""),
-                provider="custom", api_mode="chat_completions", model=setup["model"],
+                provider="custom", api_mode=setup.get("api_mode", "chat_completions"), model=setup["model"],
                 quiet_mode=True, platform="cli", session_db=db, session_id=setup["session"],
                 enabled_toolsets=TOOLSETS,
                 reasoning_config=resolve_reasoning_config(config, setup["model"]))
