@@ -63,7 +63,8 @@ def test_hermes_config_points_at_the_proxy_with_outside_calls_off():
     from harness_adapters.hermes_agent import render_config
     config = yaml.safe_load(render_config("http://proxy:8081/v1", "m", "low"))
     assert config["model"] == {"provider": "custom", "base_url": "http://proxy:8081/v1",
-                               "default": "m", "context_length": 131072}
+                               "default": "m", "context_length": 131072,
+                               "api_mode": "chat_completions"}
     assert config["security"] == {"tirith_enabled": False, "allow_lazy_installs": False}
     assert config["approvals"] == {"mode": "off"} and config["agent"]["reasoning_effort"] == "low"
 
