@@ -76,7 +76,7 @@ def summary_lines(data: Mapping[str, pd.DataFrame], embedded: bool,
                      "harness's delivery path (does what gets kept come back?), not what a real "
                      "model would choose to keep.")
     orders = sorted({o.strip() for value in pooled.get("orders", pd.Series(dtype=str)) for o in str(value).split(",")})
-    lines.append(f"{len(cells)} cells, {int(cells['n'].sum()):,} finished stream instances over "
+    lines.append(f"{len(cells)} cell{'s' if len(cells) != 1 else ''}, {int(cells['n'].sum()):,} finished stream instances over "
                  f"{int(cells['tasks'].max())} tasks; orders: {', '.join(orders)}; figures pooled "
                  "over orders, intervals 95% bootstrap over tasks.")
     if len(pooled):
