@@ -28,4 +28,4 @@ if [ -n "${CARC_PRIME_AGENT_SOURCE:-}" ]; then
   images+=(prime-agent)
 fi
 carc images build "${images[@]}"
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=25 "$@"

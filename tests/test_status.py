@@ -51,6 +51,19 @@ def _wait_for(condition, process: subprocess.Popen, what: str, limit_s: float = 
     raise AssertionError(f"no {what} within {limit_s} s")
 
 
+def _wait_group_gone(pgid: int, limit_s: float = 30) -> None:
+    """SIGKILL is delivered at once but a worker releases its cell's lock only when it has exited:
+    waiting for the leader alone leaves a worker that still holds a lock for a moment."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process group {pgid} still alive {limit_s} s after SIGKILL")
+
+
 def _status(run: Path):
     if not (RunPaths(run).grid.exists() and (RunPaths(run).logs / "run.json").exists()):
         return None
@@ -87,6 +100,7 @@ def test_a_killed_run_shows_its_begun_cells_as_interrupted(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        _wait_group_gone(process.pid)
     status = run_status(run)
     assert not status.process_alive
     states = {c.cell: c.state for c in status.cells}
