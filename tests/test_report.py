@@ -143,7 +143,7 @@ def test_the_summary_names_a_saving_its_intervals_support_and_only_that(tmp_path
     text = write_report(run, seed=0, resamples=2_000).read_text()
     summary = text.split("## Summary")[1].split("**How to read.**")[0]
     assert ("Saved against the stateless floor: demo-cache-floor at medium effort, 18.8 points "
-            "[-18.8, -18.8]") in summary
+            "[18.8, 18.8]") in summary
     assert "used more than" not in summary.lower()
     assert "embedded offline model" in summary  # the grid names no endpoint: the embedded model
     assert "![Budget against exposure index, by effort](figures/exposure-by-effort.png)" in summary

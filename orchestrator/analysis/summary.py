@@ -22,7 +22,12 @@ def _pct(x: float) -> str:
 
 
 def _points(mean: float, lo: float, hi: float) -> str:
-    return f"{abs(100 * mean):.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    """A paired difference as its size, with the interval of that size: a saving (negative
+    difference) of 17.2 points with the difference's interval [-36.2, -3.9] reads "17.2 points
+    [3.9, 36.2]", the words around it saying which way it went."""
+    if mean < 0:
+        mean, lo, hi = -mean, -hi, -lo
+    return f"{100 * mean:.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def _name(row, many_seeds: bool) -> str:
