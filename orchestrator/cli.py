@@ -43,7 +43,11 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              usd_per_cell: Optional[float] = typer.Option(
                  None, help="with --resume: set the run's limits.usd_per_cell (cells stopped at "
                             "the old cap continue)"),
-             report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
+             report: bool = typer.Option(True, help="write report.md when the run ends"),
+             executor: str = typer.Option("local", help="local: a process pool on this machine; ray: "
+                                          "a Ray task per cell (pip install 'carc[ray]')"),
+             address: Optional[str] = typer.Option(None, help="with --executor ray: the cluster's "
+                                                   "address (default RAY_ADDRESS, else Ray on this machine)")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
@@ -60,11 +64,11 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             run_dir = resume
             if usd_per_cell is not None:
                 set_usd_per_cell(run_dir, usd_per_cell)
-            execute(run_dir, workers)
+            execute(run_dir, workers, executor=executor, address=address)
         else:
             if usd_per_cell is not None:
                 _fail("--usd-per-cell is for --resume; a new run takes limits.usd_per_cell from its grid")
-            run_dir = start_run(grid, runs_dir, run_id, workers)
+            run_dir = start_run(grid, runs_dir, run_id, workers, executor, address)
     except RunInterrupted as exc:
         console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
         raise typer.Exit(130)

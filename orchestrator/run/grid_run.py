@@ -36,11 +36,12 @@ log = structlog.get_logger("carc.grid")
 
 @contextmanager
 def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
-                  host: str = "127.0.0.1") -> Iterator[list[str]]:
+                  host: str = "127.0.0.1", tag: str = "") -> Iterator[list[str]]:
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
-    with this process); cells are spread over them.
+    with this process); cells are spread over them. `tag` names their logs apart
+    (`model-server-<tag>N.log`: the Ray executor starts one per cell attempt, on its node).
     """
     if grid.model.endpoint != EMBEDDED:
         yield [grid.model.endpoint.rstrip("/")]
@@ -50,10 +51,10 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
     try:
         for number in range(servers):
             port = free_port()
-            out = open(log_dir / f"model-server-{number}.log", "ab")
+            out = open(log_dir / f"model-server-{tag}{number}.log", "ab")
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
                    host, "--port", str(port),
-                   "--usage-log", str(log_dir / f"model-usage-{number}.jsonl"),
+                   "--usage-log", str(log_dir / f"model-usage-{tag}{number}.jsonl"),
                    "--seed", str(grid.model.seed)]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
@@ -151,7 +152,7 @@ def set_usd_per_cell(run_dir: Path, usd: float) -> None:
 
 
 def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
-              workers: int | None = None) -> Path:
+              workers: int | None = None, executor: str = "local", address: str | None = None) -> Path:
     """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is continued when the grid is the
     same one (limits.usd_per_cell may differ: the stored one is raised or lowered to it), and
     refused naming the differences when not."""
@@ -169,7 +170,7 @@ def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
     else:
         run.cells.mkdir(parents=True, exist_ok=True)
         write_run_grid(grid, Path(grid_path), run.root)
-    execute(run.root, workers)
+    execute(run.root, workers, executor=executor, address=address)
     return run.root
 
 
@@ -204,15 +205,31 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
 
 
+EXECUTORS = ("local", "ray")
+
+
 def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True,
-            prune_at_end: bool = True) -> list[str]:
+            prune_at_end: bool = True, executor: str = "local", address: str | None = None) -> list[str]:
     """Run (or continue) every cell of the run in `run_dir`; returns the cells that stopped at
     a limit (limits.usd_per_cell). `prune_at_end=False` leaves what the cells' own teardowns
-    left behind (the conformance check looks for it)."""
+    left behind (the conformance check looks for it). `executor`: "local", a process pool on
+    this machine (the default); "ray", a Ray task per cell on the cluster at `address`
+    (orchestrator/run/ray_executor.py; `pip install 'carc[ray]'`)."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor {executor}: give one of {', '.join(EXECUTORS)}")
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     cells = grid.cells()
     run_prices(run_dir)  # before any worker: they only read it
+    if executor == "ray":
+        try:
+            from orchestrator.run.ray_executor import execute_ray
+        except ImportError as exc:
+            raise RuntimeError(f"--executor ray needs Ray ({exc}): pip install 'carc[ray]'") from exc
+        try:  # each node prepares its images and prunes the run's leftovers itself
+            return execute_ray(run_dir, grid_path, grid, cells, address, workers, show_progress)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run_dir) from None
     docker_used = needs_docker(grid)
     if docker_used:
         prepare_sandboxes(grid, run_dir, show_progress)
