@@ -306,9 +306,6 @@ class CellFence:
                 raise self.stale(current)
             yield
 
-    def written(self, path: Path, line: str) -> None:
-        """After a record is on this node's disk (the run folder itself here: nothing more)."""
-
 
 class EventLog:
     """Append-only, fsynced JSON-lines log of one cell. With a fence (an attempt of the Ray
@@ -327,8 +324,6 @@ class EventLog:
         line = event.line() + "\n"
         with self.fence.held() if self.fence is not None else nullcontext():
             self._write(line)
-            if self.fence is not None:
-                self.fence.written(self.path, line)
 
     def _write(self, line: str) -> None:
         try:

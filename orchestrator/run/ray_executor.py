@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 
 import structlog
@@ -211,3 +212,49 @@ def _show(progress: Progress, bars: dict[str, int], run: RunPaths) -> None:
         if events.exists():
             progress.update(bar, completed=sum(e.type == "instance_end" for e in read_events(events)))
 
+
+
+# --- carc node join -----------------------------------------------------------------------------
+
+# What a node must have before it hosts a cell; the other checks of `carc doctor` are shown as
+# warnings (a harness image is built on the node the first time a grid needs it, the proxy's CA
+# is made by its first start).
+NODE_REQUIRED = ("docker engine", "host address", "image base", "image proxy")
+CELL_MEMORY = 2 << 30  # the grid's default sandbox.memory: what one cell is counted as
+
+
+def default_slots(cpus: int | None = None, memory: int | None = None) -> int:
+    """How many cells a node hosts when `--cells` is not given: one per core, at most one per
+    2 GiB of memory (a default cell's sandbox limit), at least one."""
+    import psutil
+    cpus = cpus or os.cpu_count() or 1
+    memory = memory or psutil.virtual_memory().total
+    return max(1, min(cpus, memory // CELL_MEMORY))
+
+
+def node_checks() -> tuple[list, list]:
+    """`carc doctor`'s checks on this node: (those a join needs, every other one that failed)."""
+    from orchestrator.doctor import Check, run_checks
+    checks = run_checks()
+    named = {c.name: c for c in checks}
+    required = [named.get(name) or Check(name, False, "not checked: no Docker engine answers",
+                                         "scripts/docker-up.sh, then carc doctor")
+                for name in NODE_REQUIRED]
+    return required, [c for c in checks if c.name not in NODE_REQUIRED and not c.ok]
+
+
+def join_command(address: str, slots: int, cpus: int | None = None, memory: int | None = None,
+                 node_ip: str | None = None, block: bool = False) -> list[str]:
+    """Ray's own `ray start` joining this node to the cluster at `address` with its `docker` slots."""
+    import json
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", address,
+               "--resources", json.dumps({DOCKER_RESOURCE: slots})]
+    if cpus is not None:
+        command += ["--num-cpus", str(cpus)]
+    if memory is not None:
+        command += ["--memory", str(memory)]
+    if node_ip is not None:
+        command += ["--node-ip-address", node_ip]
+    if block:
+        command.append("--block")
+    return command

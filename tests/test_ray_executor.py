@@ -1,0 +1,156 @@
+"""The Ray executor on a real three-node Ray cluster on this machine (loopback only): a node lost
+mid-instance is Ray's to retry, the retried cell resumes exactly from the run folder, and the run
+ends as a local-pool run of the same grid ends.
+
+The cluster is Ray's own `ray.cluster_utils.Cluster`: a head with no `docker` resource (no cell
+runs there) and two worker nodes with one `docker` slot each, so each cell has a node of its own.
+`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is Ray's switch that keeps every node on 127.0.0.1.
+The grid: a ladder cell whose program checks run in a Docker container (program-library) and a
+harness cell (hermes-agent), on the embedded model. The node running the program library is
+frozen once the cell has ended an instance and is inside the next one (its last record is an
+instance start or a step that did not end the instance), removed from the cluster (its raylet
+killed), and its frozen worker let go only after Ray retried the cell elsewhere: a partitioned
+node coming back, whose every further record the fence refuses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.records import CellFence, CellPaths, read_events
+from orchestrator.run.grid_run import execute
+from tests.test_runner import _run_labelled, assert_records_consistent
+
+ray = pytest.importorskip("ray", reason="the Ray executor's test needs the ray extra")
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+GRID = """\
+name: ray-it
+seed: 4
+track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+model: {endpoint: embedded, name: carc-solver}
+efforts: [low]
+learners: [program-library, hermes-agent]
+workers: 2
+"""
+KILLED = "program-library.low.sequential.s4"
+SLOTS = 4
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def make_run(root: Path, name: str) -> Path:
+    run = root / "runs" / name
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(textwrap.dedent(GRID))
+    return run
+
+
+def instances(run: Path) -> dict[str, list[tuple]]:
+    """Per cell, every instance's verdict and charges as its instance_end recorded them."""
+    out = {}
+    for cell in sorted((run / "cells").iterdir()):
+        out[cell.name] = [(e.slot, e.task, e.visit, e.status, e.cost, e.demos_used, e.attempts_used,
+                           e.first_answer_correct, e.failure_kind)
+                          for e in read_events(cell / "events.jsonl") if e.type == "instance_end"]
+    return out
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    for key, value in LOOPBACK.items():
+        monkeypatch.setenv(key, value)
+    from ray.cluster_utils import Cluster
+
+    small = {"object_store_memory": 80 << 20, "include_dashboard": False}
+    made = Cluster(initialize_head=True, connect=False,
+                   head_node_args={"num_cpus": 1, "resources": {"docker": 0}, **small})
+    try:
+        workers = [made.add_node(num_cpus=2, memory=4 << 30, resources={"docker": 1}, **small)
+                   for _ in range(2)]
+        yield made, workers
+    finally:
+        made.shutdown()
+
+
+def mid_instance(cell: CellPaths) -> bool:
+    """The cell ended an instance and is inside the next one."""
+    events = read_events(cell.events)
+    if not any(e.type == "instance_end" for e in events):
+        return False
+    last = events[-1]
+    return last.type in ("instance_start", "resumed") or (last.type == "step" and not last.over)
+
+
+def holder(cell: CellPaths) -> tuple[str, int]:
+    """The node id and pid of the cell's current attempt."""
+    attempt = CellFence.read(cell.root)["attempts"][-1]["holder"]
+    found = re.match(r"node (\w+) .*pid (\d+)", attempt)
+    assert found, attempt
+    return found.group(1), int(found.group(2))
+
+
+def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
+    reference = make_run(tmp_path, "local")
+    execute(reference, show_progress=False)
+
+    head, workers = cluster
+    run = make_run(tmp_path, "ray")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
+         "ray", "--address", head.address, "--no-report"],
+        env={**os.environ, **LOOPBACK}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    killed = CellPaths(run / "cells" / KILLED)
+    stale_pid = None
+    try:
+        deadline = time.monotonic() + 600
+        while stale_pid is None:
+            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the cell never got inside a second instance"
+            if not (killed.attempt.exists() and killed.events.exists() and mid_instance(killed)):
+                time.sleep(0.01)
+                continue
+            node_id, pid = holder(killed)
+            os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
+            if not mid_instance(killed):  # the instance ended in between: try the next one
+                os.kill(pid, signal.SIGCONT)
+                continue
+            node = next(n for n in workers if n.unique_id == node_id)
+            head.remove_node(node, allow_graceful=False)
+            stale_pid = pid
+        # Ray notices the lost node and retries the cell on the other one (after the harness cell)
+        while CellFence.read(killed.root)["token"] < 2:
+            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "Ray never retried the cell of the lost node"
+            time.sleep(0.2)
+        os.kill(stale_pid, signal.SIGCONT)  # the partitioned node is back: its attempt is stale
+        output = driver.communicate(timeout=600)[0].decode()
+        assert driver.returncode == 0, output[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        if stale_pid is not None:
+            try:
+                os.kill(stale_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    attempts = CellFence.read(killed.root)["attempts"]
+    assert len(attempts) >= 2 and holder(killed)[0] != attempts[0]["holder"].split()[1]
+    assert any(e.type == "resumed" for e in read_events(killed.events)), "the kill was not mid-instance"
+    # every slot ended exactly once, step numbers without a gap or a repeat, nothing charged twice
+    assert_records_consistent(run, SLOTS)
+    assert instances(run) == instances(reference)
+    assert _run_labelled(run.name) == []
