@@ -27,6 +27,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every node on
 
 from orchestrator.records import RunPaths, read_events  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
+from orchestrator.run.ray_executor import execute_ray_run  # noqa: E402
 
 LEARNERS = ["stateless-floor", "demo-cache-floor"]
 
@@ -50,13 +51,16 @@ def measure(run: Path, started: float, wall: float, workers: int) -> dict:
             "verdicts": {(e.cell, e.slot): (e.status, e.cost) for e in ends}}
 
 
-def run_grid(root: Path, name: str, text: str, workers: int, **executor) -> dict:
+def run_grid(root: Path, name: str, text: str, workers: int, address: str | None = None) -> dict:
     run = root / name
     (run / "cells").mkdir(parents=True)
     (run / "grid.yaml").write_text(text)
     started = time.time()
     clock = time.perf_counter()
-    execute(run, workers, show_progress=False, **executor)
+    if address is None:
+        execute(run, workers, show_progress=False)
+    else:
+        execute_ray_run(run, workers, address, show_progress=False)
     return measure(run, started, time.perf_counter() - clock, workers)
 
 
@@ -85,7 +89,7 @@ def main() -> None:
                 cluster.add_node(num_cpus=per_node, memory=4 << 30, resources={"docker": per_node}, **small)
             cluster.wait_for_nodes()
             cluster_s = time.perf_counter() - clock
-            ray = run_grid(root, "ray", text, args.workers, executor="ray", address=cluster.address)
+            ray = run_grid(root, "ray", text, args.workers, cluster.address)
         finally:
             cluster.shutdown()
     table = Table(title=f"Ray executor against the local pool ({args.cells} ladder cells, {args.tasks} tasks "

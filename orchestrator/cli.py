@@ -54,10 +54,24 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
-    from orchestrator.run.grid_run import RunInterrupted, execute, set_usd_per_cell, start_run, stopped_cells
+    from orchestrator.run.grid_run import RunInterrupted, execute, open_run, set_usd_per_cell, stopped_cells
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
+    if executor == "ray":
+        try:
+            from orchestrator.run.ray_executor import execute_ray_run
+        except ImportError as exc:
+            _fail(f"--executor ray needs Ray ({exc}): pip install 'carc[ray]'")
+
+        def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
+            return execute_ray_run(run_dir, workers, address)
+    elif executor == "local":
+        if address is not None:
+            _fail("--address is for --executor ray")
+        run_cells = execute
+    else:
+        _fail(f"--executor {executor}: give local or ray")
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
     try:
         if resume is not None:
@@ -66,11 +80,12 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             run_dir = resume
             if usd_per_cell is not None:
                 set_usd_per_cell(run_dir, usd_per_cell)
-            execute(run_dir, workers, executor=executor, address=address)
+            run_cells(run_dir, workers)
         else:
             if usd_per_cell is not None:
                 _fail("--usd-per-cell is for --resume; a new run takes limits.usd_per_cell from its grid")
-            run_dir = start_run(grid, runs_dir, run_id, workers, executor, address)
+            run_dir = open_run(grid, runs_dir, run_id)
+            run_cells(run_dir, workers)
     except RunInterrupted as exc:
         console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
         raise typer.Exit(130)

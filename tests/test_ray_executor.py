@@ -101,11 +101,11 @@ def holder(cell: CellPaths) -> tuple[str, int]:
 
 
 def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
-    reference = make_run(tmp_path, "local")
+    reference = make_run(tmp_path, "ray-executor-local")
     execute(reference, show_progress=False)
 
     head, workers = cluster
-    run = make_run(tmp_path, "ray")
+    run = make_run(tmp_path, "ray-executor-ray")
     driver = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
          "ray", "--address", head.address, "--no-report"],
@@ -126,7 +126,7 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
             if not mid_instance(killed):  # the instance ended in between: try the next one
                 os.kill(pid, signal.SIGCONT)
                 continue
-            node = next(n for n in workers if n.unique_id == node_id)
+            node = next(n for n in workers if n.node_id == node_id)
             head.remove_node(node, allow_graceful=False)
             stale_pid = pid
         # Ray notices the lost node and retries the cell on the other one (after the harness cell)
@@ -146,6 +146,9 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
                 os.kill(stale_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if driver.returncode:  # what a failed run left; a passing one is checked below, not pruned
+            from sandboxes.docker_sandbox import prune
+            prune(run=run.name)
 
     attempts = CellFence.read(killed.root)["attempts"]
     assert len(attempts) >= 2 and holder(killed)[0] != attempts[0]["holder"].split()[1]
@@ -154,3 +157,30 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
     assert_records_consistent(run, SLOTS)
     assert instances(run) == instances(reference)
     assert _run_labelled(run.name) == []
+
+
+def test_node_join_checks_the_machine_and_joins_with_its_docker_slots():
+    """`carc node join --dry-run`: doctor's checks on this machine, then Ray's own `ray start`
+    with the node's cell slots (nothing is started: a real join is the cluster fixture's nodes)."""
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "node", "join", "10.9.8.7:6379",
+                             "--cells", "3", "--dry-run"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("docker engine", "host address", "image base", "image proxy"):
+        assert re.search(rf"{check}\s+│ ok", result.stdout), (check, result.stdout)
+    assert 'ray.scripts.scripts start --address 10.9.8.7:6379 --resources {"docker": 3}' in result.stdout
+
+
+def test_a_node_hosts_one_cell_per_core_at_most_one_per_2_gib():
+    from orchestrator.run.ray_executor import cell_options, default_slots, memory_bytes
+    from orchestrator.run.grid_config import GridConfig
+    assert default_slots(cpus=8, memory=64 << 30) == 8
+    assert default_slots(cpus=8, memory=6 << 30) == 3
+    assert default_slots(cpus=2, memory=1 << 30) == 1
+    assert memory_bytes("2g") == 2 << 30 and memory_bytes("512m") == 512 << 20 and memory_bytes("1000") == 1000
+    with pytest.raises(ValueError, match="sandbox.memory"):
+        memory_bytes("two gigs")
+    grid = GridConfig.model_validate({"name": "g", "learners": ["stateless-floor"],
+                                   "sandbox": {"cpus": 1.5, "memory": "3g"}})
+    assert cell_options(grid)["resources"] == {"docker": 1}
+    assert cell_options(grid)["num_cpus"] == 1.5 and cell_options(grid)["memory"] == 3 << 30

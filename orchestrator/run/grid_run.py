@@ -152,8 +152,15 @@ def set_usd_per_cell(run_dir: Path, usd: float) -> None:
 
 
 def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
-              workers: int | None = None, executor: str = "local", address: str | None = None) -> Path:
-    """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is continued when the grid is the
+              workers: int | None = None) -> Path:
+    """Create `runs/<run-id>/` holding the validated grid (`open_run`), and run it."""
+    run_dir = open_run(grid_path, runs_dir, run_id)
+    execute(run_dir, workers)
+    return run_dir
+
+
+def open_run(grid_path: Path, runs_dir: Path, run_id: str | None = None) -> Path:
+    """Create `runs/<run-id>/` holding the validated grid. A run id that exists is continued when the grid is the
     same one (limits.usd_per_cell may differ: the stored one is raised or lowered to it), and
     refused naming the differences when not."""
     grid = load_grid(grid_path)
@@ -170,7 +177,6 @@ def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
     else:
         run.cells.mkdir(parents=True, exist_ok=True)
         write_run_grid(grid, Path(grid_path), run.root)
-    execute(run.root, workers, executor=executor, address=address)
     return run.root
 
 
@@ -205,31 +211,16 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
         log.info("pruned_leftovers", run=run_dir.name, containers=len(pruned.containers))
 
 
-EXECUTORS = ("local", "ray")
-
-
 def execute(run_dir: Path, workers: int | None = None, show_progress: bool = True,
-            prune_at_end: bool = True, executor: str = "local", address: str | None = None) -> list[str]:
+            prune_at_end: bool = True) -> list[str]:
     """Run (or continue) every cell of the run in `run_dir`; returns the cells that stopped at
     a limit (limits.usd_per_cell). `prune_at_end=False` leaves what the cells' own teardowns
-    left behind (the conformance check looks for it). `executor`: "local", a process pool on
-    this machine (the default); "ray", a Ray task per cell on the cluster at `address`
-    (orchestrator/run/ray_executor.py; `pip install 'carc[ray]'`)."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"--executor {executor}: give one of {', '.join(EXECUTORS)}")
+    left behind (the conformance check looks for it). The cells run in a local process pool;
+    `orchestrator.run.ray_executor.execute_ray_run` runs them on a Ray cluster instead."""
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     cells = grid.cells()
     run_prices(run_dir)  # before any worker: they only read it
-    if executor == "ray":
-        try:
-            from orchestrator.run.ray_executor import execute_ray
-        except ImportError as exc:
-            raise RuntimeError(f"--executor ray needs Ray ({exc}): pip install 'carc[ray]'") from exc
-        try:  # each node prepares its images and prunes the run's leftovers itself
-            return execute_ray(run_dir, grid_path, grid, cells, address, workers, show_progress)
-        except KeyboardInterrupt:
-            raise RunInterrupted(run_dir) from None
     docker_used = needs_docker(grid)
     if docker_used:
         prepare_sandboxes(grid, run_dir, show_progress)

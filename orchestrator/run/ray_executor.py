@@ -149,6 +149,21 @@ def connect(address: str | None, workers: int) -> bool:
     return True
 
 
+def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | None = None,
+                    show_progress: bool = True) -> list[str]:
+    """Run (or continue) every cell of the run in `run_dir` on the Ray cluster at `address`
+    (`grid_run.execute`'s counterpart); returns the cells that stopped at a limit."""
+    from orchestrator.run.grid_run import RunInterrupted, run_grid_path, run_prices
+
+    grid_path = run_grid_path(run_dir)
+    grid = load_grid(grid_path)
+    run_prices(run_dir)  # before any attempt: they only read it
+    try:  # each node prepares its images and prunes the run's leftovers itself
+        return execute_ray(run_dir, grid_path, grid, grid.cells(), address, workers, show_progress)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI turns it into this)
+        raise RunInterrupted(run_dir) from None
+
+
 def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell],
                 address: str | None, workers: int | None, show_progress: bool) -> list[str]:
     """Run the cells as Ray tasks; returns the cells stopped at a limit (as `_execute` does)."""
