@@ -49,7 +49,10 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              executor: str = typer.Option("local", help="local: a process pool on this machine; ray: "
                                           "a Ray task per cell (pip install 'carc[ray]')"),
              address: Optional[str] = typer.Option(None, help="with --executor ray: the cluster's "
-                                                   "address (default RAY_ADDRESS, else Ray on this machine)")) -> None:
+                                                   "address (default RAY_ADDRESS, else Ray on this machine)"),
+             durability: str = typer.Option("shared", help="with --executor ray: shared, every node "
+                                            "writes into the run folder (a shared filesystem); head, "
+                                            "records reach the head's folder as they are written")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
@@ -65,7 +68,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             _fail(f"--executor ray needs Ray ({exc}): pip install 'carc[ray]'")
 
         def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
-            return execute_ray_run(run_dir, workers, address)
+            return execute_ray_run(run_dir, workers, address, durability=durability)
     elif executor == "local":
         if address is not None:
             _fail("--address is for --executor ray")

@@ -306,6 +306,10 @@ class CellFence:
                 raise self.stale(current)
             yield
 
+    def written(self, path: Path, line: str) -> None:
+        """After a record is on this node's disk, under the fence: in the run folder itself
+        (shared), nothing more; the Ray executor's `HeadFence` sends it to the head."""
+
 
 class EventLog:
     """Append-only, fsynced JSON-lines log of one cell. With a fence (an attempt of the Ray
@@ -324,6 +328,8 @@ class EventLog:
         line = event.line() + "\n"
         with self.fence.held() if self.fence is not None else nullcontext():
             self._write(line)
+            if self.fence is not None:
+                self.fence.written(self.path, line)
 
     def _write(self, line: str) -> None:
         try:

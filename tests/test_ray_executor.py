@@ -49,10 +49,10 @@ SLOTS = 4
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def make_run(root: Path, name: str) -> Path:
+def make_run(root: Path, name: str, grid: str = GRID) -> Path:
     run = root / "runs" / name
     (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(textwrap.dedent(GRID))
+    (run / "grid.yaml").write_text(textwrap.dedent(grid))
     return run
 
 
@@ -67,9 +67,10 @@ def instances(run: Path) -> dict[str, list[tuple]]:
 
 
 @pytest.fixture
-def cluster(monkeypatch):
+def cluster(monkeypatch, tmp_path):
     for key, value in LOOPBACK.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CARC_RAY_WORKDIR", str(tmp_path / "work"))  # --durability head's working copies
     from ray.cluster_utils import Cluster
 
     small = {"object_store_memory": 80 << 20, "include_dashboard": False}
@@ -100,15 +101,12 @@ def holder(cell: CellPaths) -> tuple[str, int]:
     return found.group(1), int(found.group(2))
 
 
-def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
-    reference = make_run(tmp_path, "ray-executor-local")
-    execute(reference, show_progress=False)
-
+def run_losing_a_node(cluster, run: Path, durability: str) -> CellPaths:
+    """Run `run` on the cluster, losing the node of the KILLED cell mid-instance; that cell."""
     head, workers = cluster
-    run = make_run(tmp_path, "ray-executor-ray")
     driver = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
-         "ray", "--address", head.address, "--no-report"],
+         "ray", "--address", head.address, "--durability", durability, "--no-report"],
         env={**os.environ, **LOOPBACK}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True)
     killed = CellPaths(run / "cells" / KILLED)
@@ -134,7 +132,10 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
             assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
             assert time.monotonic() < deadline, "Ray never retried the cell of the lost node"
             time.sleep(0.2)
-        os.kill(stale_pid, signal.SIGCONT)  # the partitioned node is back: its attempt is stale
+        try:  # the partitioned node is back: its attempt is stale (unless Ray ended it with its node)
+            os.kill(stale_pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
         output = driver.communicate(timeout=600)[0].decode()
         assert driver.returncode == 0, output[-3000:]
     finally:
@@ -149,7 +150,10 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
         if driver.returncode:  # what a failed run left; a passing one is checked below, not pruned
             from sandboxes.docker_sandbox import prune
             prune(run=run.name)
+    return killed
 
+
+def assert_ended_as_a_local_run(run: Path, reference: Path, killed: CellPaths) -> None:
     attempts = CellFence.read(killed.root)["attempts"]
     assert len(attempts) >= 2 and holder(killed)[0] != attempts[0]["holder"].split()[1]
     assert any(e.type == "resumed" for e in read_events(killed.events)), "the kill was not mid-instance"
@@ -157,6 +161,41 @@ def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp
     assert_records_consistent(run, SLOTS)
     assert instances(run) == instances(reference)
     assert _run_labelled(run.name) == []
+
+
+def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
+    reference = make_run(tmp_path, "ray-executor-local")
+    execute(reference, show_progress=False)
+    run = make_run(tmp_path, "ray-executor-ray")
+    killed = run_losing_a_node(cluster, run, "shared")
+    assert_ended_as_a_local_run(run, reference, killed)
+
+
+HEAD_GRID = GRID.replace("learners: [program-library, hermes-agent]", "learners: [program-library, stateless-floor]")
+
+
+def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(tmp_path, cluster):
+    """--durability head: each attempt works in a copy of its own (CARC_RAY_WORKDIR) laid down
+    from the head's; every record, and every file that changed before it, reaches the head's
+    folder through the head's actor as it is written; the retried cell resumes from the head's
+    copy alone."""
+    reference = make_run(tmp_path, "ray-executor-head-local", HEAD_GRID)
+    execute(reference, show_progress=False)
+    run = make_run(tmp_path, "ray-executor-head", HEAD_GRID)
+    killed = run_losing_a_node(cluster, run, "head")
+    assert_ended_as_a_local_run(run, reference, killed)
+    # the head's copy is whole: a snapshot and a transcript per slot, and the journal of the cell
+    # that was not lost has every model call (the lost node's last journal lines may die with it)
+    for cell in run.glob("cells/*"):
+        assert len(list((cell / "snapshots").glob("*.tar.gz"))) == SLOTS, cell.name
+        assert len(list((cell / "transcripts").glob("*.json"))) == SLOTS, cell.name
+        if cell.name != KILLED:
+            calls = sum(e.model_calls or 0 for e in read_events(cell / "events.jsonl") if e.type == "step")
+            journal = (cell / "journal" / "journal.jsonl").read_text().splitlines()
+            assert len(journal) == calls > 0, cell.name
+    # the finished attempts' working copies are gone (the lost node's may stay where it died)
+    left = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert set(left) <= {f"{KILLED}.1"}, left
 
 
 def test_node_join_checks_the_machine_and_joins_with_its_docker_slots():

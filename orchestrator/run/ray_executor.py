@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.records import CellFence, RunPaths, read_events
+from orchestrator.records import CellFence, RecordsUnwritable, RunPaths, read_events
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid
 
 log = structlog.get_logger("carc.ray")
@@ -69,20 +72,30 @@ def attempt_holder() -> str:
     return f"node {context.get_node_id()} ({socket.gethostname()}), pid {os.getpid()}"
 
 
-def run_cell_attempt(run_dir: str, cell_json: str) -> str:
-    """One attempt at one cell, on whichever node Ray placed it: "done" or "stopped"."""
-    from orchestrator.run.grid_run import harness_learners, model_service
-    from orchestrator.run.runner import CellRunner
-
+def run_cell_attempt(run_dir: str, cell_json: str, records=None) -> str:
+    """One attempt at one cell, on whichever node Ray placed it: "done" or "stopped". With
+    `records` (a `HeadRecords` actor: --durability head) the cell runs in a working copy on this
+    node, laid down from the head's copy, and every record goes to the head as it is written."""
+    cell = Cell.model_validate_json(cell_json)
+    if records is not None:
+        return _attempt_with_head_copy(Path(run_dir).name, cell, records)
     run = RunPaths(run_dir)
     if not run.grid.exists():
         raise RuntimeError(
-            f"{run.grid} is not on this node ({socket.gethostname()}): the Ray executor needs the run "
-            "folder on a filesystem every node mounts at the same path (e.g. NFS)")
-    grid = load_grid(run.grid)
-    cell = Cell.model_validate_json(cell_json)
+            f"{run.grid} is not on this node ({socket.gethostname()}): --durability shared needs the "
+            "run folder on a filesystem every node mounts at the same path (e.g. NFS); or run with "
+            "--durability head")
     paths = run.cell(cell.cell)
     fence = CellFence.take(paths.root, attempt_holder())
+    return _run_attempt(run, cell, fence)
+
+
+def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
+    from orchestrator.run.grid_run import harness_learners, model_service
+    from orchestrator.run.runner import CellRunner
+
+    grid = load_grid(run.grid)
+    paths = run.cell(cell.cell)
     log.info("cell_attempt", cell=cell.cell, token=fence.token, holder=fence.holder)
     host = "127.0.0.1"
     if cell.learner in harness_learners(grid):  # proxy containers reach the host's docker0
@@ -93,13 +106,171 @@ def run_cell_attempt(run_dir: str, cell_json: str) -> str:
         return CellRunner(grid, cell, paths.root, urls[0], fence=fence).run()
 
 
-def prepare_node(run_name: str, grid_path: str | None) -> dict:
+# --- --durability head: records reach the head as they are written ------------------------------
+
+# What a working copy never sends: its locks and fence (the head keeps its own), the events (sent
+# line by line), a ladder learner's live state (resume restores it from the snapshots).
+UNSENT = {".lock", ".attempt.lock", "attempt.json", "events.jsonl"}
+APPENDED = {"journal/journal.jsonl"}  # appended by the proxy: sent from where the last send ended
+
+
+class HeadRecords:
+    """A Ray actor on the head (one per run) holding the run folder: each attempt takes its
+    fencing token here and gets the head's copy of its cell; every record an attempt writes
+    arrives here, with every file of the cell that changed before it (snapshots, transcripts, the
+    proxy journal), and is fsynced under the fence."""
+
+    def __init__(self, run_dir: str):
+        self.run = RunPaths(run_dir)
+
+    def run_files(self) -> dict[str, bytes]:
+        """The run's own files (grid, prices, prompts, labels): what an attempt reads besides its cell."""
+        return {p.name: p.read_bytes() for p in self.run.root.iterdir() if p.is_file()}
+
+    def take(self, cell: str, holder: str) -> tuple[int, dict[str, bytes]]:
+        """A new attempt at `cell`: its token, and the head's copy of the cell's folder."""
+        root = self.run.cell(cell).root
+        fence = CellFence.take(root, holder)
+        files = {}
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if path.is_file() and path.name not in UNSENT - {"events.jsonl"} and not rel.startswith("state/"):
+                files[rel] = path.read_bytes()
+        return fence.token, files
+
+    def write(self, cell: str, token: int, changes: list[tuple[str, int | None, bytes]],
+              line: str | None) -> None:
+        """Apply an attempt's changed files, then append its record; `StaleAttempt` when a newer
+        attempt took the cell (nothing is written then)."""
+        paths = self.run.cell(cell)
+        with CellFence(paths.root, token, "").held():
+            for rel, offset, data in changes:
+                target = paths.root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if offset is None:  # a whole file, replaced atomically
+                    tmp = target.with_name(target.name + ".part")
+                    with open(tmp, "wb") as handle:
+                        handle.write(data)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    os.replace(tmp, target)
+                else:  # an appended file, from where the attempt's last send ended
+                    with open(target, "ab") as handle:
+                        handle.truncate(offset)
+                        handle.write(data)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+            if line is not None:
+                with open(paths.events, "a", encoding="utf-8") as handle:
+                    handle.write(line)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+
+    def write_logs(self, files: dict[str, bytes]) -> None:
+        """The attempt's model-server logs, into the run's logs/."""
+        self.run.logs.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (self.run.logs / name).write_bytes(data)
+
+
+class HeadFence(CellFence):
+    """The fence of an attempt whose records go to the head: checked there, at every record."""
+
+    def __init__(self, root: Path, token: int, holder: str, records, cell: str,
+                 offsets: dict[str, int], seen: dict[str, tuple[int, int]]):
+        super().__init__(root, token, holder)
+        self.records, self.cell = records, cell
+        self.offsets = offsets  # appended files: bytes the head has
+        self.seen = seen  # other files: (size, mtime_ns) the head has
+
+    @contextmanager
+    def held(self):
+        yield  # the working copy is this attempt's alone; the head checks the token
+
+    def written(self, path: Path, line: str) -> None:
+        self.send(line)
+
+    def changes(self) -> list[tuple[str, int | None, bytes]]:
+        root = self.paths.root
+        out = []
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if not path.is_file() or path.name in UNSENT or rel.startswith("state/") \
+                    or path.name.endswith((".tmp", ".part")):
+                continue
+            stat = path.stat()
+            if rel in APPENDED:
+                start = self.offsets.get(rel, 0)
+                if stat.st_size > start:
+                    with open(path, "rb") as handle:
+                        handle.seek(start)
+                        data = handle.read(stat.st_size - start)
+                    out.append((rel, start, data))
+                    self.offsets[rel] = start + len(data)
+            elif self.seen.get(rel) != (stat.st_size, stat.st_mtime_ns):
+                out.append((rel, None, path.read_bytes()))
+                self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
+        return out
+
+    def send(self, line: str | None = None) -> None:
+        """Every changed file, then the record, to the head; `StaleAttempt` if it refuses."""
+        import ray
+        try:
+            ray.get(self.records.write.remote(self.cell, self.token, self.changes(), line))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, RecordsUnwritable):
+                raise exc.cause from None
+            raise RecordsUnwritable(f"the head did not take a record of {self.cell}: {exc}") from exc
+
+
+def working_root(run_name: str, cell: str, token: int) -> Path:
+    """Where an attempt keeps its working copy on its node (CARC_RAY_WORKDIR, else the temp dir);
+    the run's own name last, so its Docker objects carry the run's label."""
+    base = Path(os.environ.get("CARC_RAY_WORKDIR") or Path(tempfile.gettempdir()) / "carc-ray")
+    return base / f"{cell}.{token}" / run_name
+
+
+def _attempt_with_head_copy(run_name: str, cell: Cell, records) -> str:
+    import ray
+    token, files = ray.get(records.take.remote(cell.cell, attempt_holder()))
+    root = working_root(run_name, cell.cell, token)
+    if root.exists():
+        shutil.rmtree(root)
+    run = RunPaths(root)
+    run.cells.mkdir(parents=True)
+    for name, data in ray.get(records.run_files.remote()).items():
+        (root / name).write_bytes(data)
+    paths = run.cell(cell.cell)
+    offsets, seen = {}, {}
+    for rel, data in files.items():
+        target = paths.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        stat = target.stat()
+        if rel in APPENDED:
+            offsets[rel] = len(data)
+        else:
+            seen[rel] = (stat.st_size, stat.st_mtime_ns)
+    fence = HeadFence(paths.root, token, attempt_holder(), records, cell.cell, offsets, seen)
+    try:
+        return _run_attempt(run, cell, fence)
+    finally:  # what followed the last record (the journal's last lines, logs), then the logs
+        try:
+            fence.send()
+            if run.logs.is_dir():
+                ray.get(records.write_logs.remote({p.name: p.read_bytes() for p in run.logs.iterdir()
+                                                   if p.is_file() and p.name.startswith("model-")}))
+        except RecordsUnwritable as exc:
+            log.warning("final_send_refused", cell=cell.cell, error=str(exc))
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def prepare_node(run_name: str, grid: GridConfig | None) -> dict:
     """On one node: build (or find) the images the grid needs, and prune the run's leftovers."""
     from orchestrator.run.grid_run import harness_learners, needs_docker
     from sandboxes.docker_sandbox import prune
 
-    if grid_path is not None:
-        grid = load_grid(grid_path)
+    if grid is not None:
         if needs_docker(grid):
             from harness_adapters import registry
             from sandboxes.images import ensure_image
@@ -149,8 +320,11 @@ def connect(address: str | None, workers: int) -> bool:
     return True
 
 
+DURABILITY = ("shared", "head")
+
+
 def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | None = None,
-                    show_progress: bool = True) -> list[str]:
+                    show_progress: bool = True, durability: str = "shared") -> list[str]:
     """Run (or continue) every cell of the run in `run_dir` on the Ray cluster at `address`
     (`grid_run.execute`'s counterpart); returns the cells that stopped at a limit."""
     from orchestrator.run.grid_run import RunInterrupted, run_grid_path, run_prices
@@ -159,14 +333,18 @@ def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | No
     grid = load_grid(grid_path)
     run_prices(run_dir)  # before any attempt: they only read it
     try:  # each node prepares its images and prunes the run's leftovers itself
-        return execute_ray(run_dir, grid_path, grid, grid.cells(), address, workers, show_progress)
+        return execute_ray(run_dir, grid_path, grid, grid.cells(), address, workers, show_progress,
+                           durability)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI turns it into this)
         raise RunInterrupted(run_dir) from None
 
 
 def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell],
-                address: str | None, workers: int | None, show_progress: bool) -> list[str]:
-    """Run the cells as Ray tasks; returns the cells stopped at a limit (as `_execute` does)."""
+                address: str | None, workers: int | None, show_progress: bool,
+                durability: str = "shared") -> list[str]:
+    """Run the cells as Ray tasks; returns the cells stopped at a limit (as `_execute` does).
+    `durability`: "shared", every node writes into the run folder (a shared filesystem); "head",
+    records reach the head's folder through a `HeadRecords` actor as they are written."""
     import ray
 
     from orchestrator.run.grid_run import run_order
@@ -177,11 +355,18 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
     run = RunPaths(run_dir)
     owned = connect(address, workers or min(grid.workers, len(cells)))
     try:
-        on_every_node(prepare_node, run.name, str(grid_path.resolve()))
+        on_every_node(prepare_node, run.name, grid)
         mark_started(run_dir)
         cells = run_order(cells)
+        records = None
+        if durability == "head":
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            records = ray.remote(HeadRecords).options(num_cpus=0, scheduling_strategy=head).remote(str(run_dir))
+        elif durability != "shared":
+            raise ValueError(f"--durability {durability}: give one of {', '.join(DURABILITY)}")
         task = ray.remote(run_cell_attempt).options(**cell_options(grid))
-        refs = {task.remote(str(run_dir), c.model_dump_json()): c for c in cells}
+        refs = {task.remote(str(run_dir), c.model_dump_json(), records): c for c in cells}
         failures: list[str] = []
         stopped: list[str] = []
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
