@@ -8,9 +8,10 @@ runs there) and two worker nodes with one `docker` slot each, so each cell has a
 The grid: a ladder cell whose program checks run in a Docker container (program-library) and a
 harness cell (hermes-agent), on the embedded model. The node running the program library is
 frozen once the cell has ended an instance and is inside the next one (its last record is an
-instance start or a step that did not end the instance), removed from the cluster (its raylet
-killed), and its frozen worker let go only after Ray retried the cell elsewhere: a partitioned
-node coming back, whose every further record the fence refuses.
+instance start or a step that did not end the instance) and removed from the cluster (its raylet
+killed); its worker, if Ray has not ended it with the node, is let go only after Ray retried the
+cell elsewhere (a partitioned node coming back: the fence refuses its every further record;
+tests/test_cell_fence.py proves that part on its own).
 """
 
 from __future__ import annotations

@@ -8,15 +8,20 @@ the grid uses the embedded model (the model is deterministic per seed and conver
 every node answers alike), and runs the ordinary `CellRunner` on the cell's folder, which
 resumes exactly from the records already there.
 
-Durability: the run folder is the head's, and every node reaches it at the same path (a shared
-filesystem such as NFS): each record is fsynced into it by the node that writes it, before the
-learner is answered, exactly as the local pool writes it. A node lost mid-instance is Ray's to
-notice: the task is retried (`max_retries`) on a node that has room, the new attempt takes a
-new token (the lost one, were it still running behind a partition, has every further record
-refused with `StaleAttempt`) and resumes the cell from the folder. The new attempt removes the
-old attempt's containers, network and volume by name on its node; before the cells start and
-after they end, a task on every node with the `docker` resource prunes whatever the run left
-there (the objects are labelled with the run), so no node keeps anything of the run.
+Durability (`--durability`): "shared", the default: the run folder is the head's and every node
+reaches it at the same path (a shared filesystem such as NFS): each record is fsynced into it by
+the node that writes it, before the learner is answered, exactly as the local pool writes it.
+"head": a `HeadRecords` actor on the head holds the folder; an attempt works in a copy on its
+node laid down from the head's, and every record it appends reaches the head (with every file of
+the cell that changed before it) before the learner is answered.
+
+A node lost mid-instance is Ray's to notice: the task is retried (`max_retries`) on a node that
+has room, the new attempt takes a new token (the lost one, were it still running behind a
+partition, has every further record refused with `StaleAttempt`) and resumes the cell from the
+head's records. The new attempt removes the old attempt's containers, network and volume by name
+on its node; before the cells start and after they end, a task on every node with the `docker`
+resource prunes whatever the run left there (the objects are labelled with the run), so no node
+keeps anything of the run.
 
 Ray's own retries count node failures only; a cell that raised (a learner bug outside an
 instance, a stale attempt) fails as in the local pool and is recorded in `logs/failures.jsonl`.
