@@ -70,8 +70,8 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
         def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
             return execute_ray_run(run_dir, workers, address, durability=durability)
     elif executor == "local":
-        if address is not None:
-            _fail("--address is for --executor ray")
+        if address is not None or durability != "shared":
+            _fail("--address and --durability are for --executor ray")
         run_cells = execute
     else:
         _fail(f"--executor {executor}: give local or ray")

@@ -326,10 +326,14 @@ class EventLog:
         attempt's, `StaleAttempt`, before anything is written); a line it left torn is what
         `read_events` already skips."""
         line = event.line() + "\n"
-        with self.fence.held() if self.fence is not None else nullcontext():
-            self._write(line)
-            if self.fence is not None:
-                self.fence.written(self.path, line)
+        try:
+            with self.fence.held() if self.fence is not None else nullcontext():
+                self._write(line)
+                if self.fence is not None:
+                    self.fence.written(self.path, line)
+        except (OSError, ValueError) as exc:  # the fence could not be locked or read
+            raise RecordsUnwritable(f"{self.path}: cannot check this attempt's fence ({exc}); "
+                                    "fix the folder, then resume the run") from exc
 
     def _write(self, line: str) -> None:
         try:

@@ -226,6 +226,9 @@ class HeadFence(CellFence):
             if isinstance(exc.cause, RecordsUnwritable):
                 raise exc.cause from None
             raise RecordsUnwritable(f"the head did not take a record of {self.cell}: {exc}") from exc
+        except Exception as exc:  # the head's actor is gone: the run stops, nothing is charged
+            raise RecordsUnwritable(f"the head did not take a record of {self.cell} "
+                                    f"({type(exc).__name__}: {exc}); resume the run") from exc
 
 
 def working_root(run_name: str, cell: str, token: int) -> Path:
@@ -394,7 +397,10 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
                     _show(progress, bars, run)
         except BaseException:
             for ref in refs:  # the records written stand; the prune below removes what they ran
-                ray.cancel(ref, force=True)
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # already ended
+                    pass
             raise
         finally:
             try:
