@@ -47,7 +47,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
                             "the old cap continue)"),
              report: bool = typer.Option(True, help="write report.md when the run ends"),
              executor: str = typer.Option("local", help="local: a process pool on this machine; ray: "
-                                          "a Ray task per cell (pip install 'carc[ray]')"),
+                                          "a Ray task per cell (pip install 'carc\\[ray]')"),
              address: Optional[str] = typer.Option(None, help="with --executor ray: the cluster's "
                                                    "address (default RAY_ADDRESS, else Ray on this machine)"),
              durability: str = typer.Option("shared", help="with --executor ray: shared, every node "
@@ -65,7 +65,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
         try:
             from orchestrator.run.ray_executor import execute_ray_run
         except ImportError as exc:
-            _fail(f"--executor ray needs Ray ({exc}): pip install 'carc[ray]'")
+            _fail(f"--executor ray needs Ray ({exc}): pip install 'carc\\[ray]'")
 
         def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
             return execute_ray_run(run_dir, workers, address, durability=durability)
@@ -509,7 +509,7 @@ def node_join(address: str = typer.Argument(..., help="the Ray cluster's address
         from orchestrator.run.ray_executor import default_slots, join_command, node_checks
         import ray  # noqa: F401
     except ImportError as exc:
-        _fail(f"carc node join needs Ray ({exc}): pip install 'carc[ray]'")
+        _fail(f"carc node join needs Ray ({exc}): pip install 'carc\\[ray]'")
     required, warnings = node_checks()
     table = Table("check", "", "detail", "fix")
     for check in required + warnings:
