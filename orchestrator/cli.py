@@ -18,6 +18,7 @@ tasks_app = typer.Typer(no_args_is_help=True, help="Task sources.")
 images_app = typer.Typer(no_args_is_help=True, help="Sandbox images (built from recipes, cached).")
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Docker sandboxes of cells.")
 adapters_app = typer.Typer(no_args_is_help=True, help="Harness adapters: list, scaffold, check.")
+node_app = typer.Typer(no_args_is_help=True, help="This machine as a node of a Ray cluster (--executor ray).")
 app.add_typer(grid_app, name="grid")
 app.add_typer(stream_app, name="stream")
 app.add_typer(model_app, name="model")
@@ -25,6 +26,7 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(images_app, name="images")
 app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(adapters_app, name="adapters")
+app.add_typer(node_app, name="node")
 console = Console()
 
 
@@ -43,15 +45,36 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
              usd_per_cell: Optional[float] = typer.Option(
                  None, help="with --resume: set the run's limits.usd_per_cell (cells stopped at "
                             "the old cap continue)"),
-             report: bool = typer.Option(True, help="write report.md when the run ends")) -> None:
+             report: bool = typer.Option(True, help="write report.md when the run ends"),
+             executor: str = typer.Option("local", help="local: a process pool on this machine; ray: "
+                                          "a Ray task per cell (pip install 'carc\\[ray]')"),
+             address: Optional[str] = typer.Option(None, help="with --executor ray: the cluster's "
+                                                   "address (default RAY_ADDRESS, else Ray on this machine)"),
+             durability: str = typer.Option("shared", help="with --executor ray: shared, every node "
+                                            "writes into the run folder (a shared filesystem); head, "
+                                            "records reach the head's folder as they are written")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
-    from orchestrator.run.grid_run import RunInterrupted, execute, set_usd_per_cell, start_run, stopped_cells
+    from orchestrator.run.grid_run import RunInterrupted, execute, open_run, set_usd_per_cell, stopped_cells
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
+    if executor == "ray":
+        try:
+            from orchestrator.run.ray_executor import execute_ray_run
+        except ImportError as exc:
+            _fail(f"--executor ray needs Ray ({exc}): pip install 'carc\\[ray]'")
+
+        def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
+            return execute_ray_run(run_dir, workers, address, durability=durability)
+    elif executor == "local":
+        if address is not None or durability != "shared":
+            _fail("--address and --durability are for --executor ray")
+        run_cells = execute
+    else:
+        _fail(f"--executor {executor}: give local or ray")
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
     try:
         if resume is not None:
@@ -60,11 +83,12 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             run_dir = resume
             if usd_per_cell is not None:
                 set_usd_per_cell(run_dir, usd_per_cell)
-            execute(run_dir, workers)
+            run_cells(run_dir, workers)
         else:
             if usd_per_cell is not None:
                 _fail("--usd-per-cell is for --resume; a new run takes limits.usd_per_cell from its grid")
-            run_dir = start_run(grid, runs_dir, run_id, workers)
+            run_dir = open_run(grid, runs_dir, run_id)
+            run_cells(run_dir, workers)
     except RunInterrupted as exc:
         console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
         raise typer.Exit(130)
@@ -464,6 +488,49 @@ def doctor(endpoint: Optional[str] = typer.Option(None, help="a model base URL t
     console.print(table)
     if not all(c.ok for c in checks):
         raise typer.Exit(1)
+
+
+@node_app.command("join")
+def node_join(address: str = typer.Argument(..., help="the Ray cluster's address, HOST:PORT of its head"),
+              cells: Optional[int] = typer.Option(None, help="how many cells this node hosts (its `docker` "
+                                                  "resource); default: one per core, at most one per 2 GiB"),
+              cpus: Optional[int] = typer.Option(None, help="CPUs this node offers Ray (default: all)"),
+              memory: Optional[int] = typer.Option(None, help="bytes of memory it offers (default: Ray's count)"),
+              node_ip: Optional[str] = typer.Option(None, help="the address other nodes reach this one on"),
+              block: bool = typer.Option(False, help="stay in the foreground until the node leaves"),
+              dry_run: bool = typer.Option(False, help="check and print the `ray start` command only")) -> None:
+    """Check this machine (`carc doctor`: engine, host address, images; CA and the rest as warnings)
+    and join it to the Ray cluster at ADDRESS with `docker: N` cell slots."""
+    import subprocess
+
+    from rich.table import Table
+
+    try:
+        from orchestrator.run.ray_executor import default_slots, join_command, node_checks
+        import ray  # noqa: F401
+    except ImportError as exc:
+        _fail(f"carc node join needs Ray ({exc}): pip install 'carc\\[ray]'")
+    required, warnings = node_checks()
+    table = Table("check", "", "detail", "fix")
+    for check in required + warnings:
+        state = "[green]ok[/green]" if check.ok else ("[red]missing[/red]" if check in required
+                                                     else "[yellow]warning[/yellow]")
+        table.add_row(check.name, state, check.detail, check.fix)
+    console.print(table)
+    if not all(c.ok for c in required):
+        _fail("this machine cannot host cells yet: fix the missing checks above, then join again")
+    if cells is not None and cells < 1:
+        _fail(f"--cells {cells}: give at least 1")
+    slots = cells or default_slots(cpus)
+    command = join_command(address, slots, cpus, memory, node_ip, block)
+    console.print(f"joining {address} with docker: {slots}: {' '.join(command)}", highlight=False,
+                  soft_wrap=True)
+    if dry_run:
+        return
+    code = subprocess.call(command)
+    if code:
+        _fail(f"`ray start` exited with {code}; its messages are above")
+    console.print("joined; leave the cluster with `ray stop`", highlight=False)
 
 
 @app.command("inspect")

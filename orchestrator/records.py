@@ -26,10 +26,13 @@ Every reader and writer of the folder takes its paths from here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -89,6 +92,8 @@ class CellPaths:
         self.snapshots = self.root / "snapshots"
         self.logs = self.root / "logs"
         self.lock = self.root / ".lock"
+        self.attempt = self.root / "attempt.json"  # the fencing token of the cell's current attempt
+        self.attempt_lock = self.root / ".attempt.lock"
 
     @property
     def name(self) -> str:
@@ -228,18 +233,109 @@ def last_stop(events: list[Event]) -> Event | None:
     return last if last is not None and last.type == "stopped" else None
 
 
-class EventLog:
-    """Append-only, fsynced JSON-lines log of one cell."""
+class StaleAttempt(RecordsUnwritable):
+    """A later attempt of this cell took its folder (the Ray executor retried the cell after its
+    node was lost, while this attempt still runs, e.g. on a partitioned node): this attempt writes
+    no more records and stops."""
 
-    def __init__(self, path: Path):
+
+class CellFence:
+    """The fencing token of one attempt at a cell (`attempt.json` in the cell's folder).
+
+    `take` makes the next token the cell's current one, so every earlier attempt is stale from
+    then on; `held` checks, under the fence's lock, that this attempt's token is still the current
+    one, and the caller writes while it holds it: a stale attempt can never append after the
+    attempt that replaced it read the folder. `attempt.json` also lists every attempt (token,
+    holder, time), for the audit. The lock is flock(2) on `.attempt.lock` beside it (NFSv4
+    carries it between machines)."""
+
+    def __init__(self, root: Path | str, token: int, holder: str):
+        self.paths = CellPaths(root)
+        self.token = token
+        self.holder = holder
+
+    @classmethod
+    @contextmanager
+    def _locked(cls, paths: CellPaths) -> Iterator[None]:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        with open(paths.attempt_lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @staticmethod
+    def read(root: Path | str) -> dict[str, Any]:
+        """The cell's attempt record: {"token": current, "attempts": [{token, holder, t}, ...]}."""
+        path = CellPaths(root).attempt
+        if not path.exists():
+            return {"token": 0, "attempts": []}
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    @classmethod
+    def take(cls, root: Path | str, holder: str) -> "CellFence":
+        """A new attempt at the cell: its token is the current one + 1 (fsynced before it returns)."""
+        paths = CellPaths(root)
+        with cls._locked(paths):
+            record = cls.read(root)
+            token = int(record["token"]) + 1
+            record = {"token": token,
+                      "attempts": [*record["attempts"], {"token": token, "holder": holder, "t": time.time()}]}
+            tmp = paths.attempt.with_name(paths.attempt.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, indent=1))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, paths.attempt)
+        return cls(root, token, holder)
+
+    def stale(self, current: dict[str, Any]) -> StaleAttempt:
+        newer = current["attempts"][-1] if current.get("attempts") else {}
+        return StaleAttempt(
+            f"{self.paths.attempt}: attempt {self.token} of cell {self.paths.name} ({self.holder}) is "
+            f"stale: attempt {current['token']} ({newer.get('holder', '?')}) took the cell over; this "
+            "attempt writes nothing more and stops (the newer one continues from the records)")
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the fence while writing a record; `StaleAttempt` when a newer attempt took it."""
+        with self._locked(self.paths):
+            current = self.read(self.paths.root)
+            if int(current["token"]) != self.token:
+                raise self.stale(current)
+            yield
+
+    def written(self, path: Path, line: str) -> None:
+        """After a record is on this node's disk, under the fence: in the run folder itself
+        (shared), nothing more; the Ray executor's `HeadFence` sends it to the head."""
+
+
+class EventLog:
+    """Append-only, fsynced JSON-lines log of one cell. With a fence (an attempt of the Ray
+    executor), every append first proves the attempt is still the cell's current one."""
+
+    def __init__(self, path: Path, fence: CellFence | None = None):
         self.path = path
+        self.fence = fence
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(path, "a", encoding="utf-8")
 
     def append(self, event: Event) -> None:
-        """Write, flush and fsync one event. A failed write raises `RecordsUnwritable`; a line it
-        left torn is what `read_events` already skips."""
+        """Write, flush and fsync one event. A failed write raises `RecordsUnwritable` (a stale
+        attempt's, `StaleAttempt`, before anything is written); a line it left torn is what
+        `read_events` already skips."""
         line = event.line() + "\n"
+        try:
+            with self.fence.held() if self.fence is not None else nullcontext():
+                self._write(line)
+                if self.fence is not None:
+                    self.fence.written(self.path, line)
+        except (OSError, ValueError) as exc:  # the fence could not be locked or read
+            raise RecordsUnwritable(f"{self.path}: cannot check this attempt's fence ({exc}); "
+                                    "fix the folder, then resume the run") from exc
+
+    def _write(self, line: str) -> None:
         try:
             self._fh.write(line)
             self._fh.flush()

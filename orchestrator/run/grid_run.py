@@ -36,11 +36,12 @@ log = structlog.get_logger("carc.grid")
 
 @contextmanager
 def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
-                  host: str = "127.0.0.1") -> Iterator[list[str]]:
+                  host: str = "127.0.0.1", tag: str = "") -> Iterator[list[str]]:
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
-    with this process); cells are spread over them.
+    with this process); cells are spread over them. `tag` names their logs apart
+    (`model-server-<tag>N.log`: the Ray executor starts one per cell attempt, on its node).
     """
     if grid.model.endpoint != EMBEDDED:
         yield [grid.model.endpoint.rstrip("/")]
@@ -50,10 +51,10 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
     try:
         for number in range(servers):
             port = free_port()
-            out = open(log_dir / f"model-server-{number}.log", "ab")
+            out = open(log_dir / f"model-server-{tag}{number}.log", "ab")
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
                    host, "--port", str(port),
-                   "--usage-log", str(log_dir / f"model-usage-{number}.jsonl"),
+                   "--usage-log", str(log_dir / f"model-usage-{tag}{number}.jsonl"),
                    "--seed", str(grid.model.seed)]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
@@ -152,7 +153,14 @@ def set_usd_per_cell(run_dir: Path, usd: float) -> None:
 
 def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
               workers: int | None = None) -> Path:
-    """Create `runs/<run-id>/` holding the validated grid, and run it. A run id that exists is continued when the grid is the
+    """Create `runs/<run-id>/` holding the validated grid (`open_run`), and run it."""
+    run_dir = open_run(grid_path, runs_dir, run_id)
+    execute(run_dir, workers)
+    return run_dir
+
+
+def open_run(grid_path: Path, runs_dir: Path, run_id: str | None = None) -> Path:
+    """Create `runs/<run-id>/` holding the validated grid. A run id that exists is continued when the grid is the
     same one (limits.usd_per_cell may differ: the stored one is raised or lowered to it), and
     refused naming the differences when not."""
     grid = load_grid(grid_path)
@@ -169,7 +177,6 @@ def start_run(grid_path: Path, runs_dir: Path, run_id: str | None = None,
     else:
         run.cells.mkdir(parents=True, exist_ok=True)
         write_run_grid(grid, Path(grid_path), run.root)
-    execute(run.root, workers)
     return run.root
 
 
@@ -208,7 +215,8 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
             prune_at_end: bool = True) -> list[str]:
     """Run (or continue) every cell of the run in `run_dir`; returns the cells that stopped at
     a limit (limits.usd_per_cell). `prune_at_end=False` leaves what the cells' own teardowns
-    left behind (the conformance check looks for it)."""
+    left behind (the conformance check looks for it). The cells run in a local process pool;
+    `orchestrator.run.ray_executor.execute_ray_run` runs them on a Ray cluster instead."""
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     cells = grid.cells()

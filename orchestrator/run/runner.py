@@ -26,8 +26,8 @@ from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, InstanceProtocol, Malformed,
                                    MalformedReply, Outcome, Refused, Verdict, extract_action)
-from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellPaths, Event, EventLog,
-                                  RecordsUnwritable, read_events, truncate_torn_tail)
+from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellFence, CellPaths, Event,
+                                  EventLog, RecordsUnwritable, read_events, truncate_torn_tail)
 from orchestrator.run.cell_services import cell_services, ladder_learner
 from orchestrator.run.grid_config import Cell, GridConfig, price_table
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
@@ -54,6 +54,9 @@ class InfrastructureFault(RuntimeError):
 
 MAX_TURNS = 200
 LOCK_TRIES = 30  # x 0.1 s
+# A fenced attempt (Ray executor) may find the stale attempt it replaced still holding the lock
+# until that one's next record is refused: it waits this long for it.
+FENCED_LOCK_TRIES = 6000  # x 0.1 s
 
 
 def outcome_label(outcome: Outcome) -> str:
@@ -100,6 +103,7 @@ class CellRunner:
     cell_dir: Path
     model_base_url: str
     progress: Callable[[int, int], None] = lambda done, total: None
+    fence: CellFence | None = None  # this attempt's fencing token (the Ray executor); None: the local pool
 
     def __post_init__(self) -> None:
         self.paths = CellPaths(self.cell_dir)
@@ -117,12 +121,13 @@ class CellRunner:
         lock = open(self.paths.lock, "w")
         # `carc status` tries the lock for an instant to see whether the cell runs: a short wait
         # tells that from another runner, which holds it for the whole cell.
-        for attempt in range(LOCK_TRIES):
+        tries = LOCK_TRIES if self.fence is None else FENCED_LOCK_TRIES
+        for attempt in range(tries):
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if attempt == LOCK_TRIES - 1:
+                if attempt == tries - 1:
                     lock.close()
                     raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
                 time.sleep(0.1)
@@ -163,7 +168,7 @@ class CellRunner:
             learner = services.harness or ladder_learner(
                 self.cell, self.state_dir, self.prompts, ChatModel(endpoint), services.executor)
             try:
-                with EventLog(self.events_path) as journal:
+                with EventLog(self.events_path, self.fence) as journal:
                     if events:  # resuming: the state must be as it was after the last finished slot
                         done = [s for s in schedule if s.index in finished]
                         self._restore(done[-1] if done else None)

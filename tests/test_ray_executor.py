@@ -1,0 +1,226 @@
+"""The Ray executor on a real three-node Ray cluster on this machine (loopback only): a node lost
+mid-instance is Ray's to retry, the retried cell resumes exactly from the run folder, and the run
+ends as a local-pool run of the same grid ends.
+
+The cluster is Ray's own `ray.cluster_utils.Cluster`: a head with no `docker` resource (no cell
+runs there) and two worker nodes with one `docker` slot each, so each cell has a node of its own.
+`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is Ray's switch that keeps every node on 127.0.0.1.
+The grid: a ladder cell whose program checks run in a Docker container (program-library) and a
+harness cell (hermes-agent), on the embedded model. The node running the program library is
+frozen once the cell has ended an instance and is inside the next one (its last record is an
+instance start or a step that did not end the instance) and removed from the cluster (its raylet
+killed); its worker, if Ray has not ended it with the node, is let go only after Ray retried the
+cell elsewhere (a partitioned node coming back: the fence refuses its every further record;
+tests/test_cell_fence.py proves that part on its own).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.records import CellFence, CellPaths, read_events
+from orchestrator.run.grid_run import execute
+from tests.test_runner import _run_labelled, assert_records_consistent
+
+ray = pytest.importorskip("ray", reason="the Ray executor's test needs the ray extra")
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+GRID = """\
+name: ray-it
+seed: 4
+track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+model: {endpoint: embedded, name: carc-solver}
+efforts: [low]
+learners: [program-library, hermes-agent]
+workers: 2
+"""
+KILLED = "program-library.low.sequential.s4"
+SLOTS = 4
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def make_run(root: Path, name: str, grid: str = GRID) -> Path:
+    run = root / "runs" / name
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(textwrap.dedent(grid))
+    return run
+
+
+def instances(run: Path) -> dict[str, list[tuple]]:
+    """Per cell, every instance's verdict and charges as its instance_end recorded them."""
+    out = {}
+    for cell in sorted((run / "cells").iterdir()):
+        out[cell.name] = [(e.slot, e.task, e.visit, e.status, e.cost, e.demos_used, e.attempts_used,
+                           e.first_answer_correct, e.failure_kind)
+                          for e in read_events(cell / "events.jsonl") if e.type == "instance_end"]
+    return out
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    for key, value in LOOPBACK.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CARC_RAY_WORKDIR", str(tmp_path / "work"))  # --durability head's working copies
+    from ray.cluster_utils import Cluster
+
+    small = {"object_store_memory": 80 << 20, "include_dashboard": False}
+    made = Cluster(initialize_head=True, connect=False,
+                   head_node_args={"num_cpus": 1, "resources": {"docker": 0}, **small})
+    try:
+        workers = [made.add_node(num_cpus=2, memory=4 << 30, resources={"docker": 1}, **small)
+                   for _ in range(2)]
+        yield made, workers
+    finally:
+        made.shutdown()
+
+
+def mid_instance(cell: CellPaths) -> bool:
+    """The cell ended an instance and is inside the next one."""
+    events = read_events(cell.events)
+    if not any(e.type == "instance_end" for e in events):
+        return False
+    last = events[-1]
+    return last.type in ("instance_start", "resumed") or (last.type == "step" and not last.over)
+
+
+def holder(cell: CellPaths) -> tuple[str, int]:
+    """The node id and pid of the cell's current attempt."""
+    attempt = CellFence.read(cell.root)["attempts"][-1]["holder"]
+    found = re.match(r"node (\w+) .*pid (\d+)", attempt)
+    assert found, attempt
+    return found.group(1), int(found.group(2))
+
+
+def run_losing_a_node(cluster, run: Path, durability: str) -> CellPaths:
+    """Run `run` on the cluster, losing the node of the KILLED cell mid-instance; that cell."""
+    head, workers = cluster
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
+         "ray", "--address", head.address, "--durability", durability, "--no-report"],
+        env={**os.environ, **LOOPBACK}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    killed = CellPaths(run / "cells" / KILLED)
+    stale_pid = None
+    try:
+        deadline = time.monotonic() + 600
+        while stale_pid is None:
+            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the cell never got inside a second instance"
+            if not (killed.attempt.exists() and killed.events.exists() and mid_instance(killed)):
+                time.sleep(0.01)
+                continue
+            node_id, pid = holder(killed)
+            os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
+            if not mid_instance(killed):  # the instance ended in between: try the next one
+                os.kill(pid, signal.SIGCONT)
+                continue
+            node = next(n for n in workers if n.node_id == node_id)
+            head.remove_node(node, allow_graceful=False)
+            stale_pid = pid
+        # Ray notices the lost node and retries the cell on the other one (after the harness cell)
+        while CellFence.read(killed.root)["token"] < 2:
+            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "Ray never retried the cell of the lost node"
+            time.sleep(0.2)
+        try:  # the partitioned node is back: its attempt is stale (unless Ray ended it with its node)
+            os.kill(stale_pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        output = driver.communicate(timeout=600)[0].decode()
+        assert driver.returncode == 0, output[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        if stale_pid is not None:
+            try:
+                os.kill(stale_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if driver.returncode:  # what a failed run left; a passing one is checked below, not pruned
+            from sandboxes.docker_sandbox import prune
+            prune(run=run.name)
+    return killed
+
+
+def assert_ended_as_a_local_run(run: Path, reference: Path, killed: CellPaths) -> None:
+    attempts = CellFence.read(killed.root)["attempts"]
+    assert len(attempts) >= 2 and holder(killed)[0] != attempts[0]["holder"].split()[1]
+    assert any(e.type == "resumed" for e in read_events(killed.events)), "the kill was not mid-instance"
+    # every slot ended exactly once, step numbers without a gap or a repeat, nothing charged twice
+    assert_records_consistent(run, SLOTS)
+    assert instances(run) == instances(reference)
+    assert _run_labelled(run.name) == []
+
+
+def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
+    reference = make_run(tmp_path, "ray-executor-local")
+    execute(reference, show_progress=False)
+    run = make_run(tmp_path, "ray-executor-ray")
+    killed = run_losing_a_node(cluster, run, "shared")
+    assert_ended_as_a_local_run(run, reference, killed)
+
+
+HEAD_GRID = GRID.replace("learners: [program-library, hermes-agent]", "learners: [program-library, stateless-floor]")
+
+
+def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(tmp_path, cluster):
+    """--durability head: each attempt works in a copy of its own (CARC_RAY_WORKDIR) laid down
+    from the head's; every record, and every file that changed before it, reaches the head's
+    folder through the head's actor as it is written; the retried cell resumes from the head's
+    copy alone."""
+    reference = make_run(tmp_path, "ray-executor-head-local", HEAD_GRID)
+    execute(reference, show_progress=False)
+    run = make_run(tmp_path, "ray-executor-head", HEAD_GRID)
+    killed = run_losing_a_node(cluster, run, "head")
+    assert_ended_as_a_local_run(run, reference, killed)
+    # the head's copy is whole: a snapshot and a transcript per slot, and the journal of the cell
+    # that was not lost has every model call (the lost node's last journal lines may die with it)
+    for cell in run.glob("cells/*"):
+        assert len(list((cell / "snapshots").glob("*.tar.gz"))) == SLOTS, cell.name
+        assert len(list((cell / "transcripts").glob("*.json"))) == SLOTS, cell.name
+        if cell.name != KILLED:
+            calls = sum(e.model_calls or 0 for e in read_events(cell / "events.jsonl") if e.type == "step")
+            journal = (cell / "journal" / "journal.jsonl").read_text().splitlines()
+            assert len(journal) == calls > 0, cell.name
+    # the finished attempts' working copies are gone (the lost node's may stay where it died)
+    left = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert set(left) <= {f"{KILLED}.1"}, left
+
+
+def test_node_join_checks_the_machine_and_joins_with_its_docker_slots():
+    """`carc node join --dry-run`: doctor's checks on this machine, then Ray's own `ray start`
+    with the node's cell slots (nothing is started: a real join is the cluster fixture's nodes)."""
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "node", "join", "10.9.8.7:6379",
+                             "--cells", "3", "--dry-run"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("docker engine", "host address", "image base", "image proxy"):
+        assert re.search(rf"{check}\s+│ ok", result.stdout), (check, result.stdout)
+    assert 'ray.scripts.scripts start --address 10.9.8.7:6379 --resources {"docker": 3}' in result.stdout
+
+
+def test_a_node_hosts_one_cell_per_core_at_most_one_per_2_gib():
+    from orchestrator.run.ray_executor import cell_options, default_slots, memory_bytes
+    from orchestrator.run.grid_config import GridConfig
+    assert default_slots(cpus=8, memory=64 << 30) == 8
+    assert default_slots(cpus=8, memory=6 << 30) == 3
+    assert default_slots(cpus=2, memory=1 << 30) == 1
+    assert memory_bytes("2g") == 2 << 30 and memory_bytes("512m") == 512 << 20 and memory_bytes("1000") == 1000
+    with pytest.raises(ValueError, match="sandbox.memory"):
+        memory_bytes("two gigs")
+    grid = GridConfig.model_validate({"name": "g", "learners": ["stateless-floor"],
+                                   "sandbox": {"cpus": 1.5, "memory": "3g"}})
+    assert cell_options(grid)["resources"] == {"docker": 1}
+    assert cell_options(grid)["num_cpus"] == 1.5 and cell_options(grid)["memory"] == 3 << 30
