@@ -23,6 +23,8 @@ from orchestrator.rows import label
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 from proxy.prices import PriceTable
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
+from solver_model.timing import Timing
+from solver_model.timing import resolve as resolve_timing
 
 # harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/learners.yaml)
 HARNESSES = frozenset(registry.harnesses())
@@ -81,6 +83,14 @@ class ModelConfig(_Strict):
     max_tokens: int | None = None
     seed: int = Field(0, ge=0, description="the embedded model's seed (with each conversation, it "
                                            "seeds the reply's search order); ignored by an endpoint")
+    timing: Timing | None = Field(
+        None, description="the embedded model's real-model timing: a profile (hosted, hosted-fast) "
+        "or {ttft_s: {median, sigma}, tokens_per_s: {median, sigma}}; null: answer at once")
+
+    @field_validator("timing", mode="before")
+    @classmethod
+    def _timing_profile(cls, value: Any) -> Any:
+        return resolve_timing(value) if isinstance(value, str) else value
 
     @field_validator("endpoint")
     @classmethod
@@ -92,6 +102,13 @@ class ModelConfig(_Strict):
             raise ValueError(f"{value!r} is not a base URL: give 'embedded' or http(s)://host[:port]/path "
                              "(e.g. https://api.openai.com/v1)")
         return f"{parts.scheme.lower()}://{value.split('://', 1)[1]}"
+
+    @model_validator(mode="after")
+    def _timing_is_embedded(self) -> "ModelConfig":
+        if self.timing is not None and self.endpoint != EMBEDDED:
+            raise ValueError("timing is the embedded model's (a real endpoint has its own): remove "
+                             "model.timing or set model.endpoint: embedded")
+        return self
 
     @model_validator(mode="after")
     def _anthropic_base(self) -> "ModelConfig":
