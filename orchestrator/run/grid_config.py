@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Any, Literal
 
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -442,6 +441,8 @@ def grid_differences(stored: GridConfig, given: GridConfig) -> list[str]:
     """Where two grids differ, as `field: a != b`, and `<file> differs` for a file they name
     whose content differs."""
     (data_a, files_a), (data_b, files_b) = run_grid_data(stored), run_grid_data(given)
+    import pandas as pd  # here: a cell's worker process never needs it
+
     a, b = pd.json_normalize(data_a).iloc[0].to_dict(), pd.json_normalize(data_b).iloc[0].to_dict()
     fields = [f"{key}: {_short(a.get(key))} != {_short(b.get(key))}"
               for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)]
