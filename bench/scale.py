@@ -9,7 +9,8 @@ learner at N seeds) on the embedded model with real-model timing (`model.timing`
 on a provider. Prints per level: instances per hour (while cells run: from the first instance's start
 to the last one's end; the whole run's wall, start-up included, beside it), orchestration seconds per instance (an
 instance's wall time minus the model time its proxy journal recorded), CPU % of one core (the run's
-process tree and its Docker containers, sampled), peak RSS per cell (the same), and errors (failed
+process tree and its Docker containers, sampled; over the whole run, the model servers' share of
+it, and the cells' own while they ran: the figure `carc grid plan` divides by), peak RSS per cell (the same), and errors (failed
 cells and model calls that failed). Then the knee: the last level where doubling the cells still
 bought at least 1.5x the instances per hour.
 
@@ -62,6 +63,7 @@ class Usage:
     model_pids: set[tuple] = field(default_factory=set)     # the embedded model's servers
     peak_rss: float = 0.0
     samples: int = 0
+    series: list[tuple[float, float, float]] = field(default_factory=list)  # (epoch s, CPU s, model CPU s)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -99,6 +101,7 @@ class Usage:
             rss += self._containers()
             self.peak_rss = max(self.peak_rss, rss)
             self.samples += 1
+            self.series.append((time.time(), self.cpu_seconds(), self.model_cpu_seconds()))
 
     def _containers(self) -> float:
         """Each of the run's containers' CPU seconds (cgroup v1 cpuacct, or v2 cpu.stat) and the
@@ -119,6 +122,13 @@ class Usage:
 
     def cpu_seconds(self) -> float:
         return sum(self.cpu.values())
+
+    def between(self, start: float, end: float) -> tuple[float, float]:
+        """CPU seconds, and the model's of them, spent between two epoch times (the samples nearest)."""
+        inside = [s for s in self.series if start <= s[0] <= end]
+        if len(inside) < 2:
+            return 0.0, 0.0
+        return inside[-1][1] - inside[0][1], inside[-1][2] - inside[0][2]
 
     def model_cpu_seconds(self) -> float:
         """The embedded model's share (its search: a provider's machines, not this one, would do it)."""
@@ -162,9 +172,16 @@ class Level:
     model_s: float          # per instance
     cpu_percent: float      # of one core, over the run
     model_cpu_percent: float  # of which the embedded model's servers
+    run_cpu_percent: float    # while cells ran (the span), the model's left out: what cells cost
     rss_mb_per_cell: float
     errors: int
     note: str = ""
+
+    @property
+    def cpu_s_per_instance(self) -> float:
+        """CPU seconds one instance cost this machine, the embedded model's search left out (start-up
+        and teardown included): what `carc grid plan` divides the cores by (scale_priors.yaml)."""
+        return (self.cpu_percent - self.model_cpu_percent) / 100 * self.wall_s / (self.instances or 1)
 
     @property
     def per_hour(self) -> float:
@@ -211,6 +228,7 @@ def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root
     starts = [t for kind, t in times if kind == "instance_start"]
     ends = [t for kind, t in times if kind == "instance_end"]
     span = max(ends) - min(starts) if starts and ends else 0.0
+    in_span, model_in_span = usage.between(min(starts), max(ends)) if span else (0.0, 0.0)
     for cell_dir in paths.cell_folders():
         walls = instance_walls(paths.root, cell_dir.name)
         failed_cells += not walls
@@ -222,7 +240,8 @@ def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root
     errors = int(frame["error"].sum()) if len(frame) else 0
     n = instances or 1
     return Level(executor, kind, cells, instances, wall, span, orchestration / n, model_s / n,
-                 100 * usage.cpu_seconds() / wall, 100 * usage.model_cpu_seconds() / wall, usage.peak_rss / cells / 2**20,
+                 100 * usage.cpu_seconds() / wall, 100 * usage.model_cpu_seconds() / wall,
+                 100 * (in_span - model_in_span) / span if span else 0.0, usage.peak_rss / cells / 2**20,
                  errors + failed_cells, note)
 
 
@@ -276,16 +295,17 @@ def main() -> None:
     table = Table(title=f"scale: timing {args.timing}, effort {args.effort}, "
                         f"{args.tasks} task(s) x {args.visits} visit(s) per cell")
     for column in ("executor", "kind", "cells", "instances", "wall s", "span s", "instances/h",
-                   "orchestration s/inst", "model s/inst", "CPU % (1 core)", "of it model %", "RSS MB/cell", "errors", "note"):
+                   "orchestration s/inst", "model s/inst", "CPU % (1 core)", "of it model %", "cells' CPU % in span", "CPU s/inst", "RSS MB/cell", "errors", "note"):
         table.add_column(column, justify="left" if column in ("executor", "kind", "note") else "right")
     for r in results:
         table.add_row(r.executor, r.kind, str(r.cells), str(r.instances), f"{r.wall_s:.0f}", f"{r.span_s:.0f}",
                       f"{r.per_hour:.0f}", f"{r.orchestration_s:.2f}", f"{r.model_s:.1f}",
-                      f"{r.cpu_percent:.0f}", f"{r.model_cpu_percent:.0f}", f"{r.rss_mb_per_cell:.0f}", str(r.errors), r.note)
+                      f"{r.cpu_percent:.0f}", f"{r.model_cpu_percent:.0f}", f"{r.run_cpu_percent:.0f}", f"{r.cpu_s_per_instance:.1f}", f"{r.rss_mb_per_cell:.0f}", str(r.errors), r.note)
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps({"load": os.getloadavg(), "args": vars(args) | {"json": str(args.json)},
-                                         "levels": [asdict(r) | {"per_hour": r.per_hour} for r in results]},
+                                         "levels": [asdict(r) | {"per_hour": r.per_hour, "cpu_s_per_instance": r.cpu_s_per_instance}
+                                                    for r in results]},
                                         indent=1))
     for executor in executors:
         for kind in kinds:

@@ -209,7 +209,8 @@ def test_a_stopped_pilots_unfinished_instance_and_its_calls_are_not_counted(tmp_
 from orchestrator.run.plan import SCALE_PRIORS, CellCost, ScalePriors, load_scale_priors, suggest_workers  # noqa: E402
 
 COSTS = ScalePriors(source="a test's figures", kinds={
-    "ladder": CellCost(cpu_cores=0.05, rss_mb=200), "default-harness": CellCost(cpu_cores=0.2, rss_mb=600)})
+    "ladder": CellCost(cpu_s_per_instance=1, wait_s_per_instance=20, rss_mb=200),
+    "default-harness": CellCost(cpu_s_per_instance=6, wait_s_per_instance=30, rss_mb=600)})
 
 
 def scaled_grid(tmp_path: Path, learners: str, seeds: int, model: str = "{timing: hosted}") -> object:

@@ -227,9 +227,16 @@ class CellCost(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cpu_cores: float = Field(gt=0, description="cores busy per running cell")
+    cpu_s_per_instance: float = Field(gt=0, description="CPU seconds an instance costs this machine")
+    wait_s_per_instance: float = Field(gt=0, description="seconds an instance waits on its model")
     rss_mb: float = Field(gt=0, description="memory per running cell (MiB)")
     source: str = ""
+
+    @property
+    def cpu_cores(self) -> float:
+        """Cores a running cell keeps busy, at most: its CPU spread over its model wait alone
+        (orchestration taking no time), so the suggestion errs toward fewer cells."""
+        return self.cpu_s_per_instance / self.wait_s_per_instance
 
 
 class ScalePriors(BaseModel):
@@ -286,8 +293,8 @@ def suggest_workers(grid: GridConfig, cores: int, memory_bytes: int,
     costs = [priors.cost(c.learner) for c in cells]
     cpu = sum(c.cpu_cores for _, c in costs) / len(costs)
     rss = sum(c.rss_mb for _, c in costs) / len(costs)
-    by_cpu = int(cores * CPU_SHARE / cpu)
-    by_memory = int(memory_bytes / 2**20 * MEMORY_SHARE / rss)
+    by_cpu = int(cores * CPU_SHARE / cpu + 1e-9)  # 1.6 / 0.05 is 31.999...
+    by_memory = int(memory_bytes / 2**20 * MEMORY_SHARE / rss + 1e-9)
     workers = max(1, min(by_cpu, by_memory, len(cells), MAX_WORKERS))
     limit = min((by_cpu, "CPU"), (by_memory, "memory"), (len(cells), "the grid's cells"),
                 (MAX_WORKERS, "the workers bound"))[1]
@@ -465,7 +472,7 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
             notes.append(f"priors were measured on the embedded model: for {grid.model.name} they are "
                          "rough (a real model's reasoning tokens, latency and tool use differ); run a "
                          "small pilot grid and plan with --pilot RUN")
-    if grid.model.endpoint == "embedded":
+    if grid.model.endpoint == "embedded" and grid.model.timing is None:
         notes.append("the embedded model shares this machine's cores: more workers than cores "
                      "stretch each cell's seconds")
     if price is None:
