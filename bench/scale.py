@@ -43,9 +43,11 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # noqa: E402
 from orchestrator.records import RunPaths, read_events  # noqa: E402
-from orchestrator.run.grid_run import execute  # noqa: E402
+
+# Only light imports at the top: the cells' worker processes are spawned, and a spawned process
+# imports the main module (this file) again; `carc grid run`'s is orchestrator/cli.py, which
+# imports typer and rich only. A heavy import here would weigh on every cell measured.
 
 console = Console(width=170)
 CGROUP = Path("/sys/fs/cgroup")
@@ -201,6 +203,7 @@ def grid_for(kind: str, cells: int, args: argparse.Namespace) -> dict:
 
 
 def run_local(run: Path, cells: int) -> None:
+    from orchestrator.run.grid_run import execute
     execute(run, workers=cells, show_progress=False)
 
 
@@ -210,6 +213,7 @@ EXECUTORS: dict[str, Callable[[Path, int], None]] = {"local": run_local}
 
 
 def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root: Path) -> Level:
+    from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # pandas
     paths = RunPaths(root / f"{executor}-{kind}-{cells}")
     paths.cells.mkdir(parents=True)
     paths.grid.write_text(yaml.safe_dump(grid_for(kind, cells, args), sort_keys=False))
