@@ -148,3 +148,28 @@ def test_timing_with_a_real_endpoint_is_refused(tmp_path):
         """))
     with pytest.raises(GridFileError, match="timing is the embedded model's"):
         load_grid(path)
+
+
+def test_a_timed_grid_runs_its_model_servers_with_the_grids_timing(tmp_path):
+    """End to end: the grid's timing reaches the embedded servers `carc grid run` starts (their
+    usage logs note every call's drawn delay), and the run ends with every instance."""
+    from orchestrator.records import RunPaths, read_events
+    from orchestrator.run.grid_run import start_run
+
+    path = tmp_path / "g.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: timed
+        seeds: [0, 1]
+        track: {name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}
+        model: {timing: {ttft_s: {median: 0.05, sigma: 0.2}, tokens_per_s: {median: 2000, sigma: 0.2}}}
+        efforts: [low]
+        learners: [stateless-floor]
+        sandbox: {engine: process}
+        workers: 2
+        """))
+    run = RunPaths(start_run(path, tmp_path / "runs", run_id="timed"))
+    ends = [e for cell in run.cell_folders() for e in read_events(cell.events) if e.type == "instance_end"]
+    assert len(ends) == 2
+    logged = [json.loads(line) for log in run.logs.glob("model-usage-*.jsonl")
+              for line in log.read_text().splitlines()]
+    assert logged and all(entry["ttft_s"] > 0 and entry["delay_s"] >= entry["ttft_s"] for entry in logged)
