@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -274,6 +275,7 @@ def main() -> None:
     parser.add_argument("--visits", type=int, default=2)
     parser.add_argument("--sample-s", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="also write the levels here (for plan's scale priors)")
+    parser.add_argument("--keep", type=Path, help="keep the runs in this folder (else a temporary one)")
     parser.add_argument("--quick", action="store_true", help="levels 2,4,8, the ladder, one instance per cell")
     args = parser.parse_args()
     if args.quick:
@@ -287,7 +289,9 @@ def main() -> None:
     console.print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
                   f"load at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}", highlight=False)
     results: list[Level] = []
-    with tempfile.TemporaryDirectory(prefix="carc-scale-") as tmp:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="carc-scale-")) as tmp:
         for executor in executors:
             for kind in kinds:
                 for cells in levels:

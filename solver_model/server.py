@@ -332,16 +332,19 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                                 "delay_s": delay.total_s(answer.completion_tokens) if delay else 0.0})
 
     async def paced(events: AsyncIterator[str], delay: Delay | None, answer: Answer,
-                    start: float) -> AsyncIterator[str]:
-        """A streamed reply: the first event after the TTFT, the others spread over the decode
-        time; the call is noted when its last event is sent."""
+                    start: float, trailing: int) -> AsyncIterator[str]:
+        """A streamed reply: the first event after the TTFT, the content events spread over the
+        decode time, and the `trailing` closing events (finish, usage, done) right after the
+        last content, as a provider sends them (a client may hang up once it has the finish
+        reason); the call is noted when its last event is sent."""
         chunks = [e async for e in events]
         waiting = time.monotonic()
         if delay is not None:
             await asyncio.sleep(delay.ttft_s)
-        gap = delay.decode_s(answer.completion_tokens) / max(1, len(chunks) - 1) if delay else 0.0
+        paced_events = max(1, len(chunks) - 1 - trailing)
+        gap = delay.decode_s(answer.completion_tokens) / paced_events if delay else 0.0
         for i, chunk in enumerate(chunks):
-            if i and gap:
+            if gap and 0 < i <= paced_events:
                 await asyncio.sleep(gap)
             yield chunk
         app.state.calls.append({"start": start, "waiting": waiting, "end": time.monotonic(),
@@ -387,7 +390,8 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
             }, headers=headers)
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         return StreamingResponse(
-            paced(_stream(answer, completion_id, created, chat.model, include_usage), delay, answer, start),
+            paced(_stream(answer, completion_id, created, chat.model, include_usage), delay, answer, start,
+                  trailing=2 + include_usage),  # the finish chunk, the usage chunk, [DONE]
             media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
     @router.post("/responses")
@@ -444,7 +448,8 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
         if not body.stream:
             await wait(delay, answer, start)
             return JSONResponse(message, headers=headers)
-        return StreamingResponse(paced(_anthropic_stream(message), delay, answer, start),
+        # the last block's stop, message_delta, message_stop
+        return StreamingResponse(paced(_anthropic_stream(message), delay, answer, start, trailing=3),
                                  media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
     @app.get("/health")
