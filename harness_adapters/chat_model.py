@@ -15,16 +15,12 @@ from __future__ import annotations
 import email.utils
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-import anthropic
-import openai
 import structlog
-from anthropic.types import Message
-from openai.types.chat import ChatCompletion
-from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.host import PLACEHOLDER_KEY
@@ -54,8 +50,15 @@ RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx: what OpenAI's own 
 BACKOFF_S = 0.5        # first wait without a Retry-After; doubled per attempt
 BACKOFF_CAP_S = 8.0
 RETRY_AFTER_CAP_S = 60.0  # a longer Retry-After is waited this long (then the attempt says again)
-SDK_ERRORS = (openai.APIError, anthropic.APIError)
-CONNECTION_ERRORS = (openai.APIConnectionError, anthropic.APIConnectionError)
+# The SDKs are imported by the ChatModel that uses one (a worker process of a harness cell, which
+# never calls the model itself, saves their ~70 MB and their import time); an SDK's exception
+# can only come from a loaded SDK.
+SDKS = ("openai", "anthropic")
+
+
+def _sdk_classes(name: str) -> tuple[type, ...]:
+    """`name` (APIError, APIConnectionError) of every SDK loaded in this process."""
+    return tuple(getattr(sys.modules[sdk], name) for sdk in SDKS if sdk in sys.modules)
 
 
 def effort_fields(api: str, effort: str | None) -> dict[str, Any]:
@@ -134,9 +137,11 @@ class ChatModel:
         # Retries are this class's (`complete`): the SDK's own would give every attempt the
         # whole timeout again, so one call could outlast the instance's wall clock many times.
         if endpoint.api == "anthropic-messages":
+            import anthropic
             self.client: Any = anthropic.Anthropic(base_url=endpoint.base_url, api_key=key,
                                                    timeout=endpoint.timeout_s, max_retries=0)
         else:
+            import openai
             self.client = openai.OpenAI(base_url=endpoint.base_url, api_key=key,
                                         timeout=endpoint.timeout_s, max_retries=0)
         self._wire = _WIRES[endpoint.api]
@@ -162,7 +167,7 @@ class ChatModel:
             try:
                 response = self._wire.create(self.client, self.endpoint, _wire_safe(messages), timeout)
                 break
-            except SDK_ERRORS as exc:
+            except _sdk_classes("APIError") as exc:
                 if not _retryable(exc) or len(failures) >= self.endpoint.max_retries:
                     raise ModelUnavailable(f"{where}: {exc}"
                                            + (f" (after {len(failures)} retries: {'; '.join(failures)[-300:]})"
@@ -176,7 +181,7 @@ class ChatModel:
                          error=failures[-1])
                 time.sleep(wait)
         seconds = time.perf_counter() - start
-        if not isinstance(response, self._wire.reply_type):  # a 200 whose body is not JSON (a wrong base URL)
+        if not isinstance(response, self._wire.reply_type()):  # a 200 whose body is not JSON (a wrong base URL)
             raise ModelUnavailable(f"{where}: the reply is not a {self._wire.reply_name}: "
                                    f"{str(response)[:200]!r}; check model.endpoint and model.api")
         text, prompt, completion = self._wire.read(response)
@@ -207,7 +212,12 @@ def _count(usage: Any, name: str) -> int:
 class _ChatWire:
     """OpenAI chat completions (also OpenRouter, vLLM, Ollama, llama.cpp and other compatible servers)."""
 
-    reply_type, reply_name = ChatCompletion, "chat completion"
+    reply_name = "chat completion"
+
+    @staticmethod
+    def reply_type() -> type:
+        from openai.types.chat import ChatCompletion
+        return ChatCompletion
 
     @staticmethod
     def create(client: openai.OpenAI, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
@@ -230,7 +240,12 @@ class _ChatWire:
 class _ResponsesWire:
     """OpenAI Responses: system text as `instructions`, nothing stored server-side."""
 
-    reply_type, reply_name = Response, "Responses API response"
+    reply_name = "Responses API response"
+
+    @staticmethod
+    def reply_type() -> type:
+        from openai.types.responses import Response
+        return Response
 
     @staticmethod
     def create(client: openai.OpenAI, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
@@ -253,7 +268,12 @@ class _ResponsesWire:
 class _AnthropicWire:
     """Anthropic messages: system text as `system`, max_tokens always sent (the API requires it)."""
 
-    reply_type, reply_name = Message, "Anthropic message"
+    reply_name = "Anthropic message"
+
+    @staticmethod
+    def reply_type() -> type:
+        from anthropic.types import Message
+        return Message
 
     @staticmethod
     def create(client: anthropic.Anthropic, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
@@ -281,7 +301,7 @@ _WIRES: dict[str, Any] = {"openai-chat": _ChatWire, "openai-responses": _Respons
 
 
 def _retryable(exc: Exception) -> bool:
-    if isinstance(exc, CONNECTION_ERRORS):  # refused, reset, timed out
+    if isinstance(exc, _sdk_classes("APIConnectionError")):  # refused, reset, timed out
         return True
     status = getattr(exc, "status_code", None)
     return status is not None and (status in RETRY_STATUSES or status >= 500)

@@ -330,11 +330,24 @@ def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(
                 usage_log: Optional[Path] = typer.Option(
                     None, help="append one JSON line of token counts per answered request"),
                 seed: int = typer.Option(0, help="the model seed: with the conversation, it seeds "
-                                                 "each reply's search order")) -> None:
+                                                 "each reply's search order"),
+                timing: Optional[str] = typer.Option(
+                    None, help="real-model timing: a profile (hosted, hosted-fast) or JSON "
+                               '{"ttft_s": {"median": 1, "sigma": 0.5}, "tokens_per_s": {...}}; '
+                               "default: none (answer at once)")) -> None:
     """Serve the embedded solver model as an OpenAI-compatible endpoint."""
+    import json
+
+    from pydantic import ValidationError
+
     from solver_model.server import serve
+    from solver_model.timing import resolve
+    try:
+        drawn = resolve(json.loads(timing) if timing and timing.lstrip().startswith("{") else timing)
+    except (ValueError, ValidationError) as exc:
+        _fail(f"--timing: {exc}")
     serve(host=host, port=port, effort_default=effort, workers=workers,
-          usage_log=str(usage_log) if usage_log else None, seed=seed)
+          usage_log=str(usage_log) if usage_log else None, seed=seed, timing=drawn)
 
 
 @tasks_app.command("list")

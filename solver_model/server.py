@@ -16,6 +16,12 @@ or the thinking budget: up to 2048 tokens low, up to 8192 medium, more high), el
 the conversation and searching in `carc.search_ms` and the `x-carc-search-ms` header, so the
 orchestrator can tell model time from harness time.
 
+Timing (`timing`, off by default): every reply waits a time to first token and streams at a
+decode rate drawn per call, seeded by the model seed and the request (`solver_model/timing.py`);
+streamed replies pace their chunks, others wait the total. The wait is an `asyncio.sleep` on the
+event loop, so one server holds any number of waiting calls; `app.state.calls` keeps each call's
+start, the start of its wait, its end (monotonic seconds) and drawn delay.
+
 Token counts are deterministic: a token is a run of word characters or one other non-blank
 character (`count_tokens`), so `[[0,1]]` is 7 tokens. Prompt tokens count the text of every
 message, the JSON of any tool calls in them, and the JSON of the request's `tools`.
@@ -31,6 +37,7 @@ import math
 import os
 import re
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -47,6 +54,7 @@ from solver_model.agent import ToolCall, act
 from solver_model.conversation import message_text, read_conversation
 from solver_model.policy import SearchFn, reply
 from solver_model.search import EFFORTS
+from solver_model.timing import TIMING_ENV, Delay, Timing, from_env, request_key, to_env
 
 MODEL = "carc-solver"
 MODEL_IDS = (MODEL,) + tuple(f"{MODEL}-{effort}" for effort in EFFORTS)
@@ -266,11 +274,14 @@ def _pieces(text: str, count: int) -> list[str]:
 # --- the app ----------------------------------------------------------------------------------
 
 def create_app(effort_default: str = "medium", search: SearchFn | None = None,
-               threads: int = 4, usage_log: str | None = None, seed: int = 0) -> FastAPI:
+               threads: int = 4, usage_log: str | None = None, seed: int = 0,
+               timing: Timing | None = None) -> FastAPI:
     """The FastAPI app. `search` replaces the real program search (tests inject one).
 
     `usage_log`: a file that gets one JSON line per answered request with the tokens counted
-    (the server's own count, which a run's proxy journal is checked against).
+    (the server's own count, which a run's proxy journal is checked against) and, with
+    `timing`, the call's drawn delays.
+    `timing`: real-model timing (solver_model/timing.py); None answers as fast as it can.
     """
     if effort_default not in EFFORTS:
         raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
@@ -283,6 +294,8 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="carc embedded solver model", lifespan=lifespan)
+    # per call: when it came, when its answer was ready and the wait began, when it ended
+    app.state.calls = deque(maxlen=100_000)  # {"start", "waiting", "end", "delay_s"}
     router = APIRouter()
 
     @app.exception_handler(RequestError)
@@ -294,7 +307,8 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
         return _error(exc.status_code, str(exc.detail))
 
     async def run(messages: list[dict[str, Any]], effort: str, extra_prompt: Any,
-                  tools: list[dict[str, Any]] | None = None) -> Answer:
+                  tools: list[dict[str, Any]] | None = None,
+                  key: str = "") -> tuple[Answer, Delay | None]:
         loop = asyncio.get_running_loop()
         try:
             answer = await loop.run_in_executor(pool, answer_conversation, messages, effort,
@@ -302,10 +316,42 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
         except Exception as exc:  # noqa: BLE001 - a solver bug must reach the client as a 500
             raise RequestError(f"the solver failed: {type(exc).__name__}: {exc}", None, 500,
                                "server_error") from exc
+        delay = timing.draw(seed, key) if timing is not None else None
         if usage_log:
+            drawn = delay.record(answer.completion_tokens) if delay else {}
             with open(usage_log, "a") as ledger:
-                ledger.write(json.dumps({"t": time.time(), **answer.usage()}) + "\n")
-        return answer
+                ledger.write(json.dumps({"t": time.time(), **answer.usage(), **drawn}) + "\n")
+        return answer, delay
+
+    async def wait(delay: Delay | None, answer: Answer, start: float) -> None:
+        """A non-streamed reply: wait the whole call's time, then note the call."""
+        waiting = time.monotonic()
+        if delay is not None:
+            await asyncio.sleep(delay.total_s(answer.completion_tokens))
+        app.state.calls.append({"start": start, "waiting": waiting, "end": time.monotonic(),
+                                "delay_s": delay.total_s(answer.completion_tokens) if delay else 0.0})
+
+    async def paced(events: AsyncIterator[str], delay: Delay | None, answer: Answer,
+                    start: float, trailing: int) -> AsyncIterator[str]:
+        """A streamed reply: the first event after the TTFT, the content events spread over the
+        decode time, and the `trailing` closing events (finish, usage, done) right after the
+        last content, as a provider sends them (a client may hang up once it has the finish
+        reason); the call is noted when its last event is sent."""
+        chunks = [e async for e in events]
+        waiting = time.monotonic()
+        if delay is not None:
+            await asyncio.sleep(delay.ttft_s)
+        paced_events = max(1, len(chunks) - 1 - trailing)
+        gap = delay.decode_s(answer.completion_tokens) / paced_events if delay else 0.0
+        for i, chunk in enumerate(chunks):
+            if gap and 0 < i <= paced_events:
+                await asyncio.sleep(gap)
+            yield chunk
+        app.state.calls.append({"start": start, "waiting": waiting, "end": time.monotonic(),
+                                "delay_s": delay.total_s(answer.completion_tokens) if delay else 0.0})
+
+    def timing_headers(delay: Delay | None, answer: Answer) -> dict[str, str]:
+        return {"x-carc-delay-s": f"{delay.total_s(answer.completion_tokens):.3f}"} if delay else {}
 
     @router.get("/models")
     async def list_models() -> dict[str, Any]:
@@ -320,38 +366,47 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request):
-        chat: ChatRequest = _validate(ChatRequest, await _json_body(request))
+        start = time.monotonic()
+        raw = await _json_body(request)
+        chat: ChatRequest = _validate(ChatRequest, raw)
         if chat.n not in (None, 1):
             raise RequestError("n: only one choice per request is supported", "n")
         requested = chat.reasoning_effort or (chat.reasoning.effort if chat.reasoning else None)
         effort = choose_effort(requested, chat.model, effort_default)
         messages = [m.model_dump(exclude_none=True) for m in chat.messages]
-        answer = await run(messages, effort, chat.tools, chat.tools)
+        answer, delay = await run(messages, effort, chat.tools, chat.tools,
+                                  request_key("chat", raw))
         number, created = next(ids), int(time.time())
         completion_id = f"chatcmpl-carc-{number:06d}"
+        headers = {**answer.headers(), **timing_headers(delay, answer)}
         if not chat.stream:
+            await wait(delay, answer, start)
             return JSONResponse({
                 "id": completion_id, "object": "chat.completion", "created": created,
                 "model": chat.model, "system_fingerprint": None,
                 "choices": [{"index": 0, "finish_reason": answer.finish_reason, "logprobs": None,
                              "message": answer.message()}],
                 "usage": answer.usage(), "carc": answer.carc(),
-            }, headers=answer.headers())
+            }, headers=headers)
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         return StreamingResponse(
-            _stream(answer, completion_id, created, chat.model, include_usage),
-            media_type="text/event-stream",
-            headers={**answer.headers(), "cache-control": "no-cache"})
+            paced(_stream(answer, completion_id, created, chat.model, include_usage), delay, answer, start,
+                  trailing=2 + include_usage),  # the finish chunk, the usage chunk, [DONE]
+            media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
     @router.post("/responses")
     async def responses(request: Request):
-        body: ResponsesRequest = _validate(ResponsesRequest, await _json_body(request))
+        start = time.monotonic()
+        raw = await _json_body(request)
+        body: ResponsesRequest = _validate(ResponsesRequest, raw)
         if body.stream:
             raise RequestError("stream: streaming is not supported on /v1/responses; use "
                                "/v1/chat/completions", "stream")
         requested = body.reasoning.effort if body.reasoning else None
         effort = choose_effort(requested, body.model, effort_default)
-        answer = await run(_responses_messages(body), effort, body.tools, body.tools)
+        answer, delay = await run(_responses_messages(body), effort, body.tools, body.tools,
+                                  request_key("responses", raw))
+        await wait(delay, answer, start)
         number, created = next(ids), int(time.time())
         usage = answer.usage()
         return JSONResponse({
@@ -367,19 +422,23 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                       "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens_details": {"reasoning_tokens": 0}},
             "carc": answer.carc(),
-        }, headers=answer.headers())
+        }, headers={**answer.headers(), **timing_headers(delay, answer)})
 
     @router.post("/messages")
     async def messages(request: Request):
-        body: MessagesRequest = _validate(MessagesRequest, await _json_body(request))
+        start = time.monotonic()
+        raw = await _json_body(request)
+        body: MessagesRequest = _validate(MessagesRequest, raw)
         requested = (body.output_config.effort if body.output_config and body.output_config.effort
                      else _budget_effort(body.thinking))
         effort = choose_effort(requested, body.model, effort_default)
         tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                    "parameters": t.get("input_schema") or {}}}
                  for t in body.tools or []]
-        answer = await run(anthropic_messages(body.model_dump()), effort, body.tools, tools or None)
+        answer, delay = await run(anthropic_messages(body.model_dump()), effort, body.tools, tools or None,
+                                  request_key("messages", raw))
         number = next(ids)
+        headers = {**answer.headers(), **timing_headers(delay, answer)}
         message = {"id": f"msg_carc_{number:06d}", "type": "message", "role": "assistant",
                    "model": body.model, "content": _anthropic_content(answer, number),
                    "stop_reason": "tool_use" if answer.calls else "end_turn", "stop_sequence": None,
@@ -387,9 +446,11 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                              "output_tokens": answer.completion_tokens},
                    "carc": answer.carc()}
         if not body.stream:
-            return JSONResponse(message, headers=answer.headers())
-        return StreamingResponse(_anthropic_stream(message), media_type="text/event-stream",
-                                 headers={**answer.headers(), "cache-control": "no-cache"})
+            await wait(delay, answer, start)
+            return JSONResponse(message, headers=headers)
+        # the last block's stop, message_delta, message_stop
+        return StreamingResponse(paced(_anthropic_stream(message), delay, answer, start, trailing=3),
+                                 media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -537,12 +598,13 @@ def app_from_environment() -> FastAPI:
     """App factory for uvicorn workers: the default effort comes from $CARC_SOLVER_EFFORT."""
     return create_app(os.environ.get(EFFORT_ENV, "medium"),
                       usage_log=os.environ.get(USAGE_LOG_ENV) or None,
-                      seed=int(os.environ.get(SEED_ENV, "0")))
+                      seed=int(os.environ.get(SEED_ENV, "0")),
+                      timing=from_env(os.environ.get(TIMING_ENV)))
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
           workers: int = 1, log_level: str = "info", usage_log: str | None = None,
-          seed: int = 0) -> None:
+          seed: int = 0, timing: Timing | None = None) -> None:
     """Run the server until interrupted; `workers` processes share the port (search is CPU-bound).
 
     Blocks; stop it with SIGINT or SIGTERM.
@@ -553,7 +615,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medi
         raise ValueError(f"workers must be at least 1, got {workers}")
     os.environ[EFFORT_ENV] = effort_default  # read by app_from_environment in every worker
     os.environ[SEED_ENV] = str(seed)
+    os.environ[TIMING_ENV] = to_env(timing)
     if usage_log:
         os.environ[USAGE_LOG_ENV] = usage_log
+    # a timed server holds many waiting calls: uvicorn's default backlog (2048) and no
+    # concurrency limit; the event loop sleeps, the search's threads stay for the CPU work
     uvicorn.run("solver_model.server:app_from_environment", factory=True, host=host, port=port,
                 workers=workers, log_level=log_level)

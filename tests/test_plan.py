@@ -202,3 +202,60 @@ def test_a_stopped_pilots_unfinished_instance_and_its_calls_are_not_counted(tmp_
     measured = read_pilot(tmp_path)[("stateless-floor", "memory-on", "medium")]
     assert (measured.instances, measured.calls, measured.input_tokens, measured.output_tokens) == (1, 3, 300, 30)
     assert measured.seconds == 4.0
+
+
+# --- the workers suggestion -------------------------------------------------------------------------
+
+from orchestrator.run.plan import SCALE_PRIORS, CellCost, ScalePriors, load_scale_priors, suggest_workers  # noqa: E402
+
+COSTS = ScalePriors(source="a test's figures", kinds={
+    "ladder": CellCost(cpu_s_per_instance=1, wait_s_per_instance=20, rss_mb=200),
+    "default-harness": CellCost(cpu_s_per_instance=6, wait_s_per_instance=30, rss_mb=600)})
+
+
+def scaled_grid(tmp_path: Path, learners: str, seeds: int, model: str = "{timing: hosted}") -> object:
+    path = tmp_path / "g.yaml"
+    path.write_text(f"name: s\nseeds: {list(range(seeds))}\nmodel: {model}\nlearners: {learners}\n")
+    return load_grid(path)
+
+
+def test_a_timed_grid_gets_the_cells_the_cpu_holds_at_the_measured_cost(tmp_path):
+    ladder = suggest_workers(scaled_grid(tmp_path, "[stateless-floor]", 40), 2, 24 << 30, COSTS)
+    assert ladder.workers == 32  # 0.8 x 2 cores / 0.05 per cell
+    assert ladder.basis.startswith("CPU bounds it") and "a test's figures" in ladder.basis
+    harness = suggest_workers(scaled_grid(tmp_path, "[hermes-agent]", 40), 2, 24 << 30, COSTS)
+    assert harness.workers == 8  # 1.6 / 0.2
+    mixed = suggest_workers(scaled_grid(tmp_path, "[stateless-floor, openclaw]", 20), 2, 24 << 30, COSTS)
+    assert mixed.workers == 12  # 1.6 / the mean 0.125
+
+
+def test_memory_or_the_grids_cells_can_bound_the_suggestion_instead(tmp_path):
+    small = suggest_workers(scaled_grid(tmp_path, "[hermes-agent]", 40), 16, 2 << 30, COSTS)
+    assert small.workers == 2 and small.basis.startswith("memory bounds it")  # 0.8 x 2048 MiB / 600
+    few = suggest_workers(scaled_grid(tmp_path, "[stateless-floor]", 3), 2, 24 << 30, COSTS)
+    assert few.workers == 3 and few.basis.startswith("the grid's cells")
+    endpoint = scaled_grid(tmp_path, "[stateless-floor]", 40, '{endpoint: "http://127.0.0.1:9/v1"}')
+    assert suggest_workers(endpoint, 2, 24 << 30, COSTS).workers == 32  # a provider waits like the timed model
+
+
+def test_the_untimed_embedded_model_gets_one_cell_per_core(tmp_path):
+    grid = scaled_grid(tmp_path, "[stateless-floor]", 8, "{endpoint: embedded}")
+    suggestion = suggest_workers(grid, 2, 24 << 30, COSTS)
+    assert suggestion.workers == 2 and "CPU-bound" in suggestion.basis
+
+
+def test_the_shipped_scale_priors_cost_every_learner_and_say_where_they_came_from():
+    priors = load_scale_priors(SCALE_PRIORS)
+    assert "bench/scale.py" in priors.source
+    from orchestrator.run.grid_config import LEARNER_ROWS
+    for learner in LEARNER_ROWS:
+        name, cost = priors.cost(learner)
+        assert cost.cpu_cores > 0 and cost.rss_mb > 0
+
+
+def test_the_plan_prints_the_suggestion_for_this_machine(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("name: s\nseeds: [0, 1, 2]\nmodel: {timing: hosted}\nlearners: [stateless-floor]\n")
+    out = CliRunner().invoke(app, ["grid", "plan", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "workers: the grid says 2; this machine holds" in out.output

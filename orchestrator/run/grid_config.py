@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Any, Literal
 
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -23,6 +22,8 @@ from orchestrator.rows import label
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 from proxy.prices import PriceTable
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
+from solver_model.timing import Timing
+from solver_model.timing import resolve as resolve_timing
 
 # harnesses run in their own Docker sandbox behind a proxy container (harness_adapters/learners.yaml)
 HARNESSES = frozenset(registry.harnesses())
@@ -81,6 +82,14 @@ class ModelConfig(_Strict):
     max_tokens: int | None = None
     seed: int = Field(0, ge=0, description="the embedded model's seed (with each conversation, it "
                                            "seeds the reply's search order); ignored by an endpoint")
+    timing: Timing | None = Field(
+        None, description="the embedded model's real-model timing: a profile (hosted, hosted-fast) "
+        "or {ttft_s: {median, sigma}, tokens_per_s: {median, sigma}}; null: answer at once")
+
+    @field_validator("timing", mode="before")
+    @classmethod
+    def _timing_profile(cls, value: Any) -> Any:
+        return resolve_timing(value) if isinstance(value, str) else value
 
     @field_validator("endpoint")
     @classmethod
@@ -92,6 +101,13 @@ class ModelConfig(_Strict):
             raise ValueError(f"{value!r} is not a base URL: give 'embedded' or http(s)://host[:port]/path "
                              "(e.g. https://api.openai.com/v1)")
         return f"{parts.scheme.lower()}://{value.split('://', 1)[1]}"
+
+    @model_validator(mode="after")
+    def _timing_is_embedded(self) -> "ModelConfig":
+        if self.timing is not None and self.endpoint != EMBEDDED:
+            raise ValueError("timing is the embedded model's (a real endpoint has its own): remove "
+                             "model.timing or set model.endpoint: embedded")
+        return self
 
     @model_validator(mode="after")
     def _anthropic_base(self) -> "ModelConfig":
@@ -425,6 +441,8 @@ def grid_differences(stored: GridConfig, given: GridConfig) -> list[str]:
     """Where two grids differ, as `field: a != b`, and `<file> differs` for a file they name
     whose content differs."""
     (data_a, files_a), (data_b, files_b) = run_grid_data(stored), run_grid_data(given)
+    import pandas as pd  # here: a cell's worker process never needs it
+
     a, b = pd.json_normalize(data_a).iloc[0].to_dict(), pd.json_normalize(data_b).iloc[0].to_dict()
     fields = [f"{key}: {_short(a.get(key))} != {_short(b.get(key))}"
               for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)]

@@ -56,6 +56,8 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
                    host, "--port", str(port),
                    "--usage-log", str(log_dir / f"model-usage-{tag}{number}.jsonl"),
                    "--seed", str(grid.model.seed)]
+            if grid.model.timing is not None:
+                cmd += ["--timing", grid.model.timing.model_dump_json()]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
             out.close()

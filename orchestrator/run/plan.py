@@ -6,7 +6,8 @@ expected to take; in total: the same, the wall time at the grid's `workers`, and
 a run would build first. Per-instance rates come from a pilot run's records when one is given
 (its proxy journal and events), else from the stated priors in `plan_priors.yaml`. Every cell
 says which source its rates came from. Dollars are an estimate: tokens times the price table's
-list price for the grid's model.
+list price for the grid's model. The plan also suggests `workers` for the machine it runs on: the
+cells its cores and memory hold at the per-cell cost `bench/scale.py` measured (`scale_priors.yaml`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from proxy.journal import read_journal
 from proxy.prices import Price, PriceTable
 
 PRIORS = Path(__file__).with_name("plan_priors.yaml")
+SCALE_PRIORS = Path(__file__).with_name("scale_priors.yaml")
+CPU_SHARE = 0.8     # of the machine's cores the suggested cells may keep busy
+MEMORY_SHARE = 0.8  # of its available memory they may hold
+MAX_WORKERS = 64    # GridConfig.workers' own bound
 EFFORT_ORDER = ("minimal", "low", "medium", "high", "xhigh", "max")
 
 
@@ -215,6 +220,100 @@ def pilot_rate(pilot: dict[Key, Measured], learner: str, row: str, effort: str) 
     return pilot[(learner, row, nearest)].rate(), f"pilot at effort {nearest}"
 
 
+# --- how many cells this machine holds -------------------------------------------------------------
+
+class CellCost(BaseModel):
+    """What one running cell holds of the machine (the model's own work left out)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_s_per_instance: float = Field(gt=0, description="CPU seconds an instance costs this machine")
+    wait_s_per_instance: float = Field(gt=0, description="seconds an instance waits on its model")
+    rss_mb: float = Field(gt=0, description="memory per running cell (MiB)")
+    source: str = ""
+
+    @property
+    def cpu_cores(self) -> float:
+        """Cores a running cell keeps busy, at most: its CPU spread over its model wait alone
+        (orchestration taking no time), so the suggestion errs toward fewer cells."""
+        return self.cpu_s_per_instance / self.wait_s_per_instance
+
+
+class ScalePriors(BaseModel):
+    """`scale_priors.yaml`: per cell kind (`ladder`, `program-library`, a harness, or
+    `default-harness`), the measured cost of one running cell."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    kinds: dict[str, CellCost]
+
+    def cost(self, learner: str) -> tuple[str, CellCost]:
+        if learner in HARNESSES:
+            name = learner if learner in self.kinds else "default-harness"
+        else:
+            name = learner if learner in self.kinds else "ladder"
+        if name not in self.kinds:
+            raise PlanError(f"{SCALE_PRIORS}: no cell cost for {learner!r} (nor {name!r}); add it "
+                            "from `python bench/scale.py --kinds ...`")
+        return name, self.kinds[name]
+
+
+def load_scale_priors(path: Path = SCALE_PRIORS) -> ScalePriors:
+    try:
+        return ScalePriors.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as exc:
+        raise PlanError(f"{path}: cannot read the scale priors: {exc}") from None
+    except ValidationError as exc:
+        raise PlanError("\n".join(f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                  for e in exc.errors())) from None
+
+
+class WorkersSuggestion(BaseModel):
+    workers: int
+    cores: int
+    memory_bytes: int
+    basis: str
+
+
+def suggest_workers(grid: GridConfig, cores: int, memory_bytes: int,
+                    priors: ScalePriors | None = None) -> WorkersSuggestion:
+    """The cells this machine (`cores`, `memory_bytes` available) runs at once without its CPU or
+    memory becoming the limit: the grid's cells' mean measured cost (scale_priors.yaml) against
+    CPU_SHARE of the cores and MEMORY_SHARE of the memory, at most the grid's cells and 64.
+    The embedded model without `model.timing` answers as fast as its search runs, on these same
+    cores: then a cell is CPU-bound and the suggestion is one cell per core."""
+    cells = grid.cells()
+    if grid.model.endpoint == "embedded" and grid.model.timing is None:
+        workers = max(1, min(cores, len(cells)))
+        return WorkersSuggestion(workers=workers, cores=cores, memory_bytes=memory_bytes, basis=(
+            f"one per core: the embedded model without model.timing is CPU-bound on this machine's "
+            f"{cores} cores"))
+    priors = priors or load_scale_priors()
+    costs = [priors.cost(c.learner) for c in cells]
+    cpu = sum(c.cpu_cores for _, c in costs) / len(costs)
+    rss = sum(c.rss_mb for _, c in costs) / len(costs)
+    by_cpu = int(cores * CPU_SHARE / cpu + 1e-9)  # 1.6 / 0.05 is 31.999...
+    by_memory = int(memory_bytes / 2**20 * MEMORY_SHARE / rss + 1e-9)
+    workers = max(1, min(by_cpu, by_memory, len(cells), MAX_WORKERS))
+    limit = min((by_cpu, "CPU"), (by_memory, "memory"), (len(cells), "the grid's cells"),
+                (MAX_WORKERS, "the workers bound"))[1]
+    kinds = ", ".join(sorted({name for name, _ in costs}))
+    return WorkersSuggestion(workers=workers, cores=cores, memory_bytes=memory_bytes, basis=(
+        f"{limit} bounds it: a cell ({kinds}) holds {cpu:.3f} cores and {rss:.0f} MiB "
+        f"({priors.source}); {CPU_SHARE:.0%} of {cores} cores fit {by_cpu}, {MEMORY_SHARE:.0%} of "
+        f"{memory_bytes / 2**30:.1f} GiB available fit {by_memory}"))
+
+
+def this_machine() -> tuple[int, int]:
+    """This machine's cores (those this process may use) and available memory in bytes."""
+    import os
+
+    import psutil
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores, psutil.virtual_memory().available
+
+
 # --- prices ---------------------------------------------------------------------------------------
 
 def price_for(grid: GridConfig) -> tuple[Price | None, str]:
@@ -282,6 +381,7 @@ class Plan(BaseModel):
     images: list[ImagePlan]
     pilot: str | None
     notes: list[str]
+    suggested_workers: WorkersSuggestion | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2)
@@ -339,8 +439,9 @@ def needed_images(grid: GridConfig) -> list[ImagePlan]:
 
 
 def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path = PRIORS,
-              images: bool = True) -> Plan:
-    """The bill of `grid`: per cell and in total (see the module docstring)."""
+              images: bool = True, machine: tuple[int, int] | None = None) -> Plan:
+    """The bill of `grid`: per cell and in total (see the module docstring), and the workers
+    `machine` (cores, available memory bytes; default this one) holds."""
     cells = grid.cells()
     counts = schedule_counts(grid, cells)
     pilot = read_pilot(pilot_dir) if pilot_dir is not None else {}
@@ -371,7 +472,7 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
             notes.append(f"priors were measured on the embedded model: for {grid.model.name} they are "
                          "rough (a real model's reasoning tokens, latency and tool use differ); run a "
                          "small pilot grid and plan with --pilot RUN")
-    if grid.model.endpoint == "embedded":
+    if grid.model.endpoint == "embedded" and grid.model.timing is None:
         notes.append("the embedded model shares this machine's cores: more workers than cores "
                      "stretch each cell's seconds")
     if price is None:
@@ -383,7 +484,8 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
         usd=None if price is None else sum(p.usd or 0.0 for p in planned), price_source=price_source,
         cell_seconds=sum(p.seconds for p in planned), wall_seconds=wall_at([p.seconds for p in planned], grid.workers),
         snapshot_bytes=sum(p.snapshot_bytes for p in planned),
-        images=needed_images(grid) if images else [], pilot=str(pilot_dir) if pilot_dir else None, notes=notes)
+        images=needed_images(grid) if images else [], pilot=str(pilot_dir) if pilot_dir else None, notes=notes,
+        suggested_workers=suggest_workers(grid, *(machine or this_machine())))
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -446,6 +548,10 @@ def render_plan(plan: Plan, console) -> None:
                   f"{dollars}, {_duration(plan.cell_seconds)} of cell time = {_duration(plan.wall_seconds)} "
                   f"wall at {plan.workers} workers, {_bytes(plan.snapshot_bytes)} of state snapshots",
                   highlight=False, soft_wrap=True)
+    if plan.suggested_workers is not None:
+        s = plan.suggested_workers
+        console.print(f"workers: the grid says {plan.workers}; this machine holds {s.workers} "
+                      f"({s.basis})", highlight=False, soft_wrap=True)
     if plan.images:
         build = [i.name for i in plan.images if i.status == "to build"]
         console.print(f"images: {', '.join(build) or 'none'} to build", highlight=False)
