@@ -151,6 +151,10 @@ class SandboxConfig(_Strict):
     cpus: float = Field(1.0, gt=0)
     memory: str = "2g"
     pids: int = Field(512, ge=16)
+    standby: bool = Field(
+        True, description="wiped harness rows (memory-off): prepare the next instance's fresh sandbox "
+                          "(a second container, its own empty volume, the harness started) while the "
+                          "current instance runs, so the wipe is a swap")
 
 
 class ProxyConfig(_Strict):
