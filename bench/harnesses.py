@@ -12,6 +12,8 @@ instance; and each image's size. prime-agent is included when CARC_PRIME_AGENT_S
 happens before instance_start: a memory-off row's wipe and harness restart. `cycle s` is what an
 instance costs the cell in all: the time from one instance_end to the next (so the cell's start
 is left out: the first instance has no cycle), and `cycle overhead s` is that minus its model s.
+`between s` is the part of the cycle between one instance_end and the next instance_start: the
+wipe (or the standby's swap) on the instance's critical path.
 `--no-standby` runs the wiped rows without a prepared standby sandbox (grid `sandbox.standby`).
 """
 
@@ -77,7 +79,7 @@ def main() -> None:
         frame = journal_frame(run)
         table = Table(title=f"per instance, embedded model ({elapsed:.0f} s in all)")
         for column in ("cell", "instances", "wall s", "model s", "overhead s", "cycle s",
-                       "cycle overhead s", "model calls", "probes"):
+                       "cycle overhead s", "between s", "model calls", "probes"):
             table.add_column(column, justify="left" if column == "cell" else "right", no_wrap=True)
         for cell_dir in (c.root for c in paths.cell_folders()):
             walls = instance_walls(run, cell_dir.name)
@@ -86,15 +88,18 @@ def main() -> None:
             wall = sum(walls.values()) / n
             model = calls["latency_s"].fillna(0).sum() / n
             probes = int(calls["probe"].sum())
-            ends = sorted((e.t, e.slot) for e in read_events(paths.cell(cell_dir.name).events)
-                          if e.type == "instance_end")
+            events = read_events(paths.cell(cell_dir.name).events)
+            ends = sorted((e.t, e.slot) for e in events if e.type == "instance_end")
+            starts = {e.slot: e.t for e in events if e.type == "instance_start"}
             cycles = {slot: t - before for (before, _), (t, slot) in zip(ends, ends[1:])}
             cycle_model = calls[calls["slot"].isin(list(cycles))]["latency_s"].fillna(0).sum()
             cycle = f"{sum(cycles.values()) / len(cycles):.2f}" if cycles else "-"
             cycle_overhead = (f"{(sum(cycles.values()) - cycle_model) / len(cycles):.2f}"
                               if cycles else "-")
+            between = [starts[slot] - before for (before, _), (_, slot) in zip(ends, ends[1:]) if slot in starts]
             table.add_row(cell_dir.name, str(len(walls)), f"{wall:.2f}", f"{model:.2f}",
                           f"{wall - model:.2f}", cycle, cycle_overhead,
+                          f"{sum(between) / len(between):.2f}" if between else "-",
                           f"{(len(calls) - probes) / n:.1f}", f"{probes / n:.1f}")
         console.print(table)
     for name, (tag, size, seconds) in sizes.items():

@@ -248,6 +248,12 @@ class ConversationHarness(Learner):
     def close_conversation(self) -> None:
         """End the conversation; wait for the harness's post-turn work (reviews) if it has any."""
 
+    def prestart(self) -> None:
+        """Start, on the fresh state just prepared, what the next conversation's start would
+        start (a driver process that loads the harness before it reads anything of the
+        conversation); called only on a standby sandbox (orchestrator/run/standby.py), whose
+        state nothing changes until that conversation opens. Default: nothing."""
+
     def abandon_conversation(self) -> None:
         """End a conversation whose harness failed (hung, crashed) without waiting on it; the
         cell's state then ends and restarts its processes (`HarnessState.recover`)."""

@@ -9,7 +9,9 @@ results of a grid are the same with and without standbys.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,12 +67,16 @@ def test_each_instance_after_a_wipe_meets_a_fresh_standby(tmp_path, client, run_
     containers = []
     with harness_services(grid, cell, cell_dir, UPSTREAM) as services:
         standbys = services.state.cell
-        fresh = listing(standbys.current.sandbox)
         for k in range(3):
             services.state.wipe()
             sandbox = standbys.current.sandbox
             containers.append(sandbox.container.name)
-            assert listing(sandbox) == fresh, f"instance {k} met a state that is not fresh"
+            # fresh: hermes' config, and what its driver (loading ahead) makes in HERMES_HOME
+            paths = listing(sandbox).split()
+            assert "/state/hermes/config.yaml" in paths and "marker" not in " ".join(paths), (k, paths)
+            assert all(p == "/state/hermes" or p.startswith("/state/hermes/") for p in paths), (k, paths)
+            driver = standbys.current.learner.prestarted  # hermes, loaded ahead on the fresh state
+            assert driver is not None and driver.exit_code() is None
             # instance k: it is served, and writes a marker on the volume and in /tmp
             standbys.pristine = False
             assert sandbox.exec(["sh", "-c", f"echo {k} > /state/marker-{k}; echo {k} > /tmp/marker-{k}"]).ok
@@ -136,7 +142,7 @@ workers: 1
 
 
 def test_a_grid_ends_the_same_with_and_without_standbys_and_no_note_survives_a_wipe(tmp_path, client):
-    verdicts = {}
+    verdicts, bodies = {}, {}
     for standby in ("true", "false"):
         run = run_scripted_grid(tmp_path / standby, f"standby-{standby}", GRID.replace("STANDBY", standby))
         folder = run / "cells" / "hermes-agent-memory-off.low.sequential.s5"
@@ -158,4 +164,25 @@ def test_a_grid_ends_the_same_with_and_without_standbys_and_no_note_survives_a_w
             text = subprocess.run(["tar", "-xzOf", str(snapshot)], capture_output=True).stdout.decode(errors="replace")
             assert NOTE.format(task=end.task) in text, (standby, slot)
             assert not any(note in text for note in notes), (standby, slot)
+        bodies[standby] = model_requests(folder)
     assert verdicts["true"] == verdicts["false"]
+    # what the model was shown, call by call: the same with a standby (its driver started ahead)
+    # as with the wipe in place (a driver started at the conversation's start)
+    assert bodies["true"] == bodies["false"]
+
+
+VARYING = re.compile(r"carc-[0-9a-f]{12}|call_[0-9a-f]{8}|\b[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|"
+                     r"\b\d{8}_\d{6}(_[0-9a-f]+)?\b|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?|"
+                     r"\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun)\w*,? \w+ \d{1,2},? \d{4}( \d{1,2}:\d{2} ?(AM|PM)?)?")
+
+
+def model_requests(folder: Path) -> dict[int, list[str]]:
+    """Each slot's model requests as the proxy journaled them, what differs between two runs of
+    the same calls (session ids, the clock, the scripted model's random tool call ids) blanked;
+    sorted, as hermes' background review runs in a thread beside the conversation's turns."""
+    out: dict[int, list[str]] = {}
+    for entry in read_journal(folder / "journal" / "journal.jsonl"):
+        if entry.api == "openai-chat" and entry.slot is not None:
+            text = json.dumps(entry.request, sort_keys=True)
+            out.setdefault(entry.slot, []).append(VARYING.sub("<varies>", text))
+    return {slot: sorted(texts) for slot, texts in out.items()}

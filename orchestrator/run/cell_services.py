@@ -190,7 +190,9 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     def standby(generation: int) -> Prepared:
         box = sandbox.standby(generation).start()
         try:
-            return prepared(box)
+            ready = prepared(box)
+            ready.learner.prestart()
+            return ready
         except BaseException:
             box.teardown()
             raise
@@ -201,6 +203,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
         first = prepared(sandbox)
         state, learner, fault = first.state, first.learner, sandbox.fault
         if row(cell.row).wiped_before_each and grid.sandbox.standby:
+            first.learner.prestart()  # the cell's own sandbox is as fresh as a standby
             standbys = StandbyCell(first, standby)
             state, learner, fault = standbys.state, standbys.learner, standbys.fault
         SandboxRecord(proxy="container", model_base_url=sandbox.reverse_base_url(), upstream=upstream,
