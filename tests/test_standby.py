@@ -186,3 +186,23 @@ def model_requests(folder: Path) -> dict[int, list[str]]:
             text = json.dumps(entry.request, sort_keys=True)
             out.setdefault(entry.slot, []).append(VARYING.sub("<varies>", text))
     return {slot: sorted(texts) for slot, texts in out.items()}
+
+
+def test_a_standby_is_isolated_as_the_cells_own_sandbox(tmp_path, client, run_id):
+    """The same container settings (user, read-only root, capabilities, limits, DNS, the cell's
+    internal network only), its own state volume, and no key in its environment."""
+    grid, cell, cell_dir = memory_off_cell(tmp_path, run_id)
+    with harness_services(grid, cell, cell_dir, UPSTREAM) as services:
+        standbys = services.state.cell
+        own = client.containers.get(standbys.current.sandbox.container.id).attrs
+        spare = client.containers.get(standbys.standby.result().sandbox.container.id).attrs
+        kept = ("Binds", "Mounts")  # the state volume differs by design
+        assert {k: v for k, v in own["HostConfig"].items() if k not in kept} == \
+            {k: v for k, v in spare["HostConfig"].items() if k not in kept}
+        assert own["Config"]["User"] == spare["Config"]["User"] == "1001:1001"
+        assert sorted(own["Config"]["Env"]) == sorted(spare["Config"]["Env"])
+        assert list(spare["NetworkSettings"]["Networks"]) == list(own["NetworkSettings"]["Networks"])
+        assert [m["Name"] for m in spare["Mounts"] if m["Type"] == "volume"] == \
+            [standbys.standby.result().sandbox.volume.name]
+        assert standbys.standby.result().sandbox.volume.name != standbys.current.sandbox.volume.name
+    assert leftovers(client, run_id) == []
