@@ -38,7 +38,7 @@ from orchestrator.records import RunPaths, read_events  # noqa: E402
 from orchestrator.run.grid_run import execute  # noqa: E402
 from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
 
-console = Console(width=150)
+console = Console(width=200)
 
 
 def main() -> None:

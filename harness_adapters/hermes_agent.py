@@ -72,9 +72,11 @@ class HermesAgent(ConversationHarness):
             ["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"], env={"HERMES_HOME": HERMES_HOME})
 
     def prestart(self) -> None:
-        """The next conversation's driver, started now on a fresh state: it imports hermes (seconds
+        """The next conversation's driver, started now on the state it will find: it imports hermes (seconds
         of CPU; the imports create hermes' folders and seed SOUL.md in HERMES_HOME, as they would
         at the conversation's start) and waits for its first line, where it reads its config."""
+        if self.prestarted is not None:  # started on an earlier state: never used
+            self.prestarted.close(timeout=0)
         self.prestarted = self._spawn()
 
     def open_conversation(self, session: str) -> None:

@@ -136,12 +136,13 @@ model: {{endpoint: "{endpoint}", name: carc-scripted}}
 efforts: [low]
 learners:
   - {{learner: hermes-agent, row: memory-off}}
+  - hermes-agent
 sandbox: {{standby: STANDBY}}
-workers: 1
+workers: 2
 """
 
 
-def test_a_grid_ends_the_same_with_and_without_standbys_and_no_note_survives_a_wipe(tmp_path, client):
+def test_a_grid_ends_the_same_with_and_without_drivers_started_ahead_and_no_note_survives_a_wipe(tmp_path, client):
     verdicts, bodies = {}, {}
     for standby in ("true", "false"):
         run = run_scripted_grid(tmp_path / standby, f"standby-{standby}", GRID.replace("STANDBY", standby))
@@ -165,10 +166,24 @@ def test_a_grid_ends_the_same_with_and_without_standbys_and_no_note_survives_a_w
             assert NOTE.format(task=end.task) in text, (standby, slot)
             assert not any(note in text for note in notes), (standby, slot)
         bodies[standby] = model_requests(folder)
+        # memory-on: its driver started after the snapshot, ahead of the conversation
+        kept = run / "cells" / "hermes-agent.low.sequential.s5"
+        ends = {e.slot: e for e in read_events(kept / "events.jsonl") if e.type == "instance_end"}
+        verdicts[standby, "memory-on"] = {slot: (e.task, e.visit, e.status, e.cost, e.attempts_used,
+                                                 e.demos_used) for slot, e in ends.items()}
+        bodies[standby, "memory-on"] = model_requests(kept)
+        systems: dict[int, str] = {}
+        for entry in read_journal(kept / "journal" / "journal.jsonl"):
+            if entry.api == "openai-chat" and entry.slot is not None and entry.slot not in systems:
+                systems[entry.slot] = entry.request["messages"][0]["content"]
+        for slot, end in ends.items():  # the note comes back on a returning instance
+            assert (NOTE.format(task=end.task) in systems[slot]) == (end.visit > 0), (standby, slot)
     assert verdicts["true"] == verdicts["false"]
-    # what the model was shown, call by call: the same with a standby (its driver started ahead)
-    # as with the wipe in place (a driver started at the conversation's start)
+    assert verdicts["true", "memory-on"] == verdicts["false", "memory-on"]
+    # what the model was shown, call by call: the same with the drivers started ahead (on a
+    # standby; after the snapshot) as with drivers started at the conversation's start
     assert bodies["true"] == bodies["false"]
+    assert bodies["true", "memory-on"] == bodies["false", "memory-on"]
 
 
 VARYING = re.compile(r"carc-[0-9a-f]{12}|call_[0-9a-f]{8}|\b[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|"

@@ -168,5 +168,8 @@ class CurrentLearner(Learner):
     def transcript(self) -> list[dict[str, Any]]:
         return self.cell.current.learner.transcript()
 
+    def prestart(self) -> None:
+        self.cell.current.learner.prestart()
+
     def close(self) -> None:
         self.cell.current.learner.close()
