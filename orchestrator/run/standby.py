@@ -63,9 +63,19 @@ class StandbyCell:
         self.standby = self.pool.submit(self._build, generation)
 
     def _build(self, generation: int) -> Prepared | None:
-        if self.closed:
-            return None
-        return self.make(generation)
+        """The standby, tried twice: a harness's start can fail under load (openclaw's gateway
+        gives up when its state lease is not ready in 5 s), and the wipe in place that a failed
+        standby falls back to is that same start, on the instance's path."""
+        for attempt in (1, 2):
+            if self.closed:
+                return None
+            try:
+                return self.make(generation)
+            except Exception as exc:
+                if attempt == 2:
+                    raise
+                log.warning("standby_retry", error=f"{type(exc).__name__}: {exc}"[:500])
+        return None
 
     def _retire(self, old: Prepared) -> None:
         try:
