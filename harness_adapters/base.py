@@ -99,6 +99,11 @@ class Learner(abc.ABC):
         """The conversation of the current instance, for the records."""
         return []
 
+    def prestart(self) -> None:
+        """Between two instances whose state is kept (after the snapshot, before the next begin):
+        start ahead what the next conversation's start would start, on the state as the next
+        instance will find it (harness_adapters/hermes_agent.py). Default: nothing."""
+
     def close(self) -> None:
         """Release processes and connections (the runner always calls it)."""
 

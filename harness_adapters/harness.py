@@ -248,6 +248,13 @@ class ConversationHarness(Learner):
     def close_conversation(self) -> None:
         """End the conversation; wait for the harness's post-turn work (reviews) if it has any."""
 
+    def prestart(self) -> None:
+        """Start, on the state the next conversation will find, what its start would start (a
+        driver process that loads the harness before it reads anything of the conversation):
+        on a standby sandbox once it is prepared (orchestrator/run/standby.py), or after an
+        instance's snapshot when the next instance keeps the state. Nothing changes the state
+        until that conversation opens. Default: nothing."""
+
     def abandon_conversation(self) -> None:
         """End a conversation whose harness failed (hung, crashed) without waiting on it; the
         cell's state then ends and restarts its processes (`HarnessState.recover`)."""

@@ -65,10 +65,26 @@ class HermesAgent(ConversationHarness):
         super().__init__(cell)
         self.api_mode = API_MODES[cell.api]
         self.driver = None
+        self.prestarted = None  # the next conversation's driver, started ahead (`prestart`)
+
+    def _spawn(self):
+        return self.sandbox.open_process(
+            ["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"], env={"HERMES_HOME": HERMES_HOME})
+
+    def prestart(self) -> None:
+        """The next conversation's driver, started now on the state it will find: it imports hermes (seconds
+        of CPU; the imports create hermes' folders and seed SOUL.md in HERMES_HOME, as they would
+        at the conversation's start) and waits for its first line, where it reads its config."""
+        if self.prestarted is not None:  # started on an earlier state: never used
+            self.prestarted.close(timeout=0)
+        self.prestarted = self._spawn()
 
     def open_conversation(self, session: str) -> None:
-        self.driver = self.sandbox.open_process(
-            ["/opt/hermes/bin/python", "/opt/carc/hermes_driver.py"], env={"HERMES_HOME": HERMES_HOME})
+        driver, self.prestarted = self.prestarted, None
+        if driver is not None and driver.exit_code() is not None:  # ended by a wipe or a restore
+            driver.close(timeout=0)
+            driver = None
+        self.driver = driver or self._spawn()
         self.driver.send_line(json.dumps({"session": session, "model": self.model, "api_mode": self.api_mode,
                                           "base_url": self.sandbox.reverse_base_url()}))
         self._read("starting hermes")
@@ -109,6 +125,12 @@ class HermesAgent(ConversationHarness):
         if self.driver is not None:
             self.driver.close(timeout=0)  # no drain: the driver failed; recover() ends it
             self.driver = None
+
+    def close(self) -> None:
+        super().close()
+        if self.prestarted is not None:  # never used: its end of input makes it exit
+            self.prestarted.close(timeout=0)
+            self.prestarted = None
 
 
 def _state(cell: HarnessCell) -> HarnessState:

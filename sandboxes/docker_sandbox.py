@@ -118,6 +118,21 @@ class DockerSandbox(SandboxEnvironment):
         self.proxy_address: str | None = None  # the proxy on the cell network: the sandbox's DNS
         self.network = None
         self.volume = None
+        self.generation = 0  # 0: the cell's own sandbox; n > 0: a standby made by `standby(n)`
+
+    def standby(self, generation: int) -> "DockerSandbox":
+        """Another sandbox container of this cell, with its own empty state volume, on the same
+        cell network behind the same proxy (not started: call `start()`). Its teardown removes
+        its container and volume only; the cell's own teardown (and `prune`) removes any left."""
+        other = DockerSandbox(self.spec, docker_client())  # a client of its own: used from a thread
+        other.generation = generation
+        other.proxy_container, other.proxy_address, other.network = (
+            self.proxy_container, self.proxy_address, self.network)
+        return other
+
+    @property
+    def _suffix(self) -> str:
+        return f"-{self.generation}" if self.generation else ""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -131,21 +146,23 @@ class DockerSandbox(SandboxEnvironment):
 
     def _start(self) -> None:
         spec = self.spec
-        self._remove_leftovers()
+        if not self.generation:
+            self._remove_leftovers()
         mounts = []
         if spec.volume:
-            self.volume = state_volumes.create(self.client, f"{self.name}-state",
+            self.volume = state_volumes.create(self.client, f"{self.name}-state{self._suffix}",
                                                {**self.labels, LABEL_ROLE: "state"}, spec.limits.state_bytes)
             mounts.append(Mount(self.state_path, self.volume.name, type="volume"))
         env = {"HOME": self.state_path, "TMPDIR": "/tmp", **spec.env}
         network_mode = "none"
         if spec.proxy is not None:
-            self.network = create_cell_network(self.client, self.name, self.labels)
-            self.proxy_container = self._start_proxy(spec.proxy)
+            if not self.generation:
+                self.network = create_cell_network(self.client, self.name, self.labels)
+                self.proxy_container = self._start_proxy(spec.proxy)
             network_mode = self.network.name
             env.update(proxy_environment())
         self.container = self.client.containers.run(
-            spec.image, ["sleep", "infinity"], name=f"{self.name}-sandbox", detach=True,
+            spec.image, ["sleep", "infinity"], name=f"{self.name}-sandbox{self._suffix}", detach=True,
             init=True, user=KEEPER_USER, read_only=True, network_mode=network_mode,
             mounts=mounts, tmpfs={"/tmp": f"rw,nosuid,nodev,size={spec.limits.tmp_size},mode=1777"},
             security_opt=["no-new-privileges"], cap_drop=["ALL"],
@@ -240,6 +257,24 @@ class DockerSandbox(SandboxEnvironment):
             state_volumes.remove(self.client.volumes.get(f"{self.name}-state"))
         except docker.errors.NotFound:
             pass
+        self._remove_standbys()
+
+    def _remove_standbys(self) -> None:
+        """Every standby sandbox of this cell (`standby(n)`) and its volume, by their labels."""
+        labels = [f"{LABEL_RUN}={self.spec.run}", f"{LABEL_CELL}={self.spec.cell}"]
+        for container in self.client.containers.list(all=True, ignore_removed=True,
+                                                     filters={"label": labels + [f"{LABEL_ROLE}=sandbox"]}):
+            if container.name.startswith(f"{self.name}-sandbox-"):
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+        for volume in self.client.volumes.list(filters={"label": labels + [f"{LABEL_ROLE}=state"]}):
+            if volume.name.startswith(f"{self.name}-state-"):
+                try:
+                    state_volumes.remove(volume)
+                except docker.errors.NotFound:
+                    pass
 
     def fault(self) -> str | None:
         """Why this sandbox cannot serve an instance now (its container or its proxy container
@@ -261,18 +296,46 @@ class DockerSandbox(SandboxEnvironment):
         return None
 
     def teardown(self) -> None:
-        for container in (self.container, self.proxy_container):
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except docker.errors.NotFound:
-                    pass
-                except docker.errors.APIError as exc:
-                    log.warning("teardown_container", name=container.name, error=str(exc))
-        self.container = self.proxy_container = None
+        """Remove the sandbox; the cell's own (generation 0) also removes its proxy, its network
+        and every standby of the cell still standing."""
+        self.remove_sandbox()
+        if self.generation:  # a standby: the cell's proxy and network are the cell's own
+            self.proxy_container = self.network = None
+            return
+        if self.proxy_container is not None:
+            try:
+                self.proxy_container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                log.warning("teardown_container", name=self.proxy_container.name, error=str(exc))
+        self.proxy_container = None
+        if self.spec.volume:
+            try:
+                self._remove_standbys()  # those a killed thread or a failed swap left
+            except docker.errors.APIError as exc:
+                log.warning("teardown_standbys", sandbox=self.name, error=str(exc))
         if self.network is not None:
             _remove_network(self.network)
             self.network = None
+
+    def remove_sandbox(self, client: docker.DockerClient | None = None) -> None:
+        """Remove the sandbox container and its state volume only (a standby's or a retired
+        sandbox's end: the cell's proxy and network serve its other sandbox). `client`: the
+        engine client to do it with (from another thread than the one using this sandbox's)."""
+        if client is not None:
+            if self.container is not None:
+                self.container = client.containers.get(self.container.id)
+            if self.volume is not None:
+                self.volume = client.volumes.get(self.volume.name)
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                log.warning("teardown_container", name=self.container.name, error=str(exc))
+        self.container = None
         if self.volume is not None:
             try:
                 state_volumes.remove(self.volume)

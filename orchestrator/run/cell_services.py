@@ -23,7 +23,9 @@ from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.prompts import PromptSet
 from orchestrator.records import CellPaths, SandboxRecord
+from orchestrator.rows import row
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, run_prices
+from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
 from sandboxes.environment import LeftOut, StateVolume
 
@@ -175,19 +177,43 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
         proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
                         key_env=grid.model.api_key_env, prices=run_prices(CellPaths(cell_dir).run.root)),
         limits=sandbox_limits(grid))
-    sandbox = DockerSandbox(spec).start()
-    try:
-        harness_cell = HarnessCell(sandbox, PromptSet.load(grid.prompts), grid.model.name,
-                                   cell.effort, cell.row, dict(grid.harness_options.get(adapter.name, {})),
-                                   api=grid.model.api)
+    prompts = PromptSet.load(grid.prompts)
+
+    def prepared(box: DockerSandbox) -> Prepared:
+        """The harness on `box`: an empty volume with its config, its processes started."""
+        harness_cell = HarnessCell(box, prompts, grid.model.name, cell.effort, cell.row,
+                                   dict(grid.harness_options.get(adapter.name, {})), api=grid.model.api)
         state = adapter.make_state(harness_cell)
         state.restore(None)  # an empty volume with the harness's config: a fresh start
-        learner = adapter.make_learner(harness_cell)
+        return Prepared(box, state, adapter.make_learner(harness_cell))
+
+    def standby(generation: int) -> Prepared:
+        box = sandbox.standby(generation).start()
+        try:
+            ready = prepared(box)
+            ready.learner.prestart()
+            return ready
+        except BaseException:
+            box.teardown()
+            raise
+
+    sandbox = DockerSandbox(spec).start()
+    standbys = None
+    try:
+        first = prepared(sandbox)
+        state, learner, fault = first.state, first.learner, sandbox.fault
+        if row(cell.row).wiped_before_each and grid.sandbox.standby:
+            first.learner.prestart()  # the cell's own sandbox is as fresh as a standby
+            standbys = StandbyCell(first, standby)
+            state, learner, fault = standbys.state, standbys.learner, standbys.fault
         SandboxRecord(proxy="container", model_base_url=sandbox.reverse_base_url(), upstream=upstream,
                       image=spec.image, container=sandbox.container.name, harness=adapter.name,
                       version=adapter.version).write(CellPaths(cell_dir).sandbox)
         yield CellServices(sandbox.reverse_base_url(), state, local_executor,
                            ControlFile(journal_dir(cell_dir) / CONTROL_FILE), learner,
-                           infrastructure=[sandbox.fault])
+                           infrastructure=[fault])
     finally:
+        if standbys is not None:
+            standbys.close()
+            standbys.current.sandbox.remove_sandbox()
         sandbox.teardown()

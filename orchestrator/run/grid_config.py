@@ -167,6 +167,11 @@ class SandboxConfig(_Strict):
     cpus: float = Field(1.0, gt=0)
     memory: str = "2g"
     pids: int = Field(512, ge=16)
+    standby: bool = Field(
+        True, description="prepare a harness's next instance ahead: for wiped rows (memory-off) its "
+                          "fresh sandbox (a second container, its own empty volume, the harness "
+                          "started) while the current instance runs, so the wipe is a swap; for kept "
+                          "rows the next conversation's driver after the snapshot (hermes-agent)")
 
 
 class ProxyConfig(_Strict):

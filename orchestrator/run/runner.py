@@ -190,6 +190,10 @@ class CellRunner:
                                                        error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
                             raise InfrastructureFault(f"slot {slot.index}: {fault}") from exc
                         services.set_slot(None, "between")
+                        following = schedule[position + 1] if position + 1 < len(schedule) else None
+                        if (following is not None and not following.wipe_before
+                                and self.grid.sandbox.standby):  # its state is as it is now
+                            learner.prestart()
                         self.progress(position + 1, len(schedule))
             finally:
                 learner.close()
