@@ -15,6 +15,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
+
 from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
@@ -29,7 +31,9 @@ PORT = 18789
 RECIPE = Recipe("openclaw", Path(__file__).parent / "recipes" / "openclaw", "base",
                 {"OPENCLAW_VERSION": OPENCLAW_VERSION},
                 {"openclaw.tar": lambda: npm_tree("openclaw", f"openclaw@{OPENCLAW_VERSION}")})
+log = structlog.get_logger("carc.openclaw")
 START_TIMEOUT_S = 180.0
+START_ATTEMPTS = 3  # gateway starts before a cell (or a wipe) gives up
 TURN_TIMEOUT_S = 900.0
 ERROR_PATTERNS = (
     (r"HTTP 429|rate.?limit", FailureKind.RATE_LIMIT),
@@ -99,6 +103,22 @@ class Gateway:
         self.token = token
 
     def start(self) -> None:
+        """Start the gateway and wait until it answers; a start that fails is stopped and tried
+        again (START_ATTEMPTS in all). openclaw gives its state lease a fixed 5 s to become
+        ready at start-up and gives up otherwise, which a loaded machine misses now and then
+        ("state lease heartbeat did not become ready ... timeoutMs=5000"): that is the machine's
+        fault, not the harness's, and no instance is running while the gateway starts."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                return
+            except HarnessError as exc:
+                if attempt == START_ATTEMPTS:
+                    raise HarnessError(FailureKind.CRASH, f"{exc} (after {START_ATTEMPTS} starts)") from exc
+                log.warning("openclaw_gateway_start_retry", attempt=attempt, error=str(exc)[-300:])
+                self.stop()
+
+    def _start_once(self) -> None:
         script = (f"mkdir -p {LOG_DIR} /state/home || exit 1; cd /state/home || exit 1; "
                   f"setsid openclaw gateway run >> {LOG_DIR}/gateway.out 2>&1 < /dev/null & "
                   f"echo $! > {LOG_DIR}/gateway.pid")

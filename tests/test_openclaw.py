@@ -221,3 +221,35 @@ def test_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the
     for entry in calls:
         for field, value in OPENCLAW_EFFORT[api].items():
             assert entry.request.get(field) == value, (api, field, entry.request.get(field))
+
+
+class _FlakyStartSandbox:
+    """A sandbox whose gateway becomes ready only at the n-th start (openclaw under load misses
+    its fixed 5 s state-lease window now and then): records every command run."""
+
+    def __init__(self, ready_at: int):
+        self.ready_at, self.starts, self.commands = ready_at, 0, []
+
+    def exec(self, cmd, **_):
+        from sandboxes.environment import ExecResult
+        self.commands.append(" ".join(cmd))
+        if cmd[:2] == ["python3", "/opt/carc/openclaw_helper.py"]:
+            self.starts += 1
+            return ExecResult(0 if self.starts >= self.ready_at else 1, b"", b"")
+        return ExecResult(0, b"state lease heartbeat did not become ready", b"")
+
+
+@pytest.mark.parametrize("ready_at, starts_ok", [(1, True), (3, True), (4, False)])
+def test_a_gateway_that_does_not_start_is_stopped_and_started_again(ready_at, starts_ok):
+    from harness_adapters.harness import HarnessError
+    from harness_adapters.openclaw import START_ATTEMPTS, Gateway
+    sandbox = _FlakyStartSandbox(ready_at)
+    gateway = Gateway(sandbox, "token")
+    if starts_ok:
+        gateway.start()
+    else:
+        with pytest.raises(HarnessError, match=f"did not start.*after {START_ATTEMPTS} starts"):
+            gateway.start()
+    assert sandbox.starts == min(ready_at, START_ATTEMPTS)
+    stops = [c for c in sandbox.commands if "kill -TERM" in c]
+    assert len(stops) == min(ready_at, START_ATTEMPTS) - 1  # every failed start but the last is stopped first
