@@ -153,6 +153,7 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             sandbox = DockerSandbox(spec).start()
             stack.callback(sandbox.teardown)
             executor = SandboxExecutor(sandbox)
+            stack.callback(executor.close)  # first: the checker goes before its container
             record = record.model_copy(update={"program_checks": "docker", "image": spec.image,
                                                "container": sandbox.container.name})
         record.write(CellPaths(cell_dir).sandbox)  # how this cell was isolated, for the audit
