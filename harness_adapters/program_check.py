@@ -377,23 +377,18 @@ class SandboxExecutor:
     def _failed(self, why: str | None) -> ExecResult:
         """The check's verdict when its checker failed: the sandbox's fault if it stopped
         (raised), else the program's: over the time limit (`why` None) or crashed (`why`)."""
-        fault = self.sandbox.fault()
-        if fault:
-            self.close()
-            raise SandboxError(f"program check: {fault}")
         self._end_checker()
         if why is None:
             return ExecResult(-9, b"", b"", timed_out=True)
         return ExecResult(1, b"", why.encode())
 
     def _end_checker(self) -> None:
-        """End the checker and whatever it ran (every process of the sandbox's user)."""
-        checker, self.checker = self.checker, None
-        if checker is not None:
-            try:
-                checker.close(timeout=0)
-            except Exception:  # noqa: BLE001 - a broken stream is what is being cleaned up
-                pass
+        """End the checker and whatever it ran (every process of the sandbox's user); a sandbox
+        that stopped is not brought back here: SandboxError, the infrastructure's fault."""
+        self.close()
+        fault = self.sandbox.fault()
+        if fault:
+            raise SandboxError(f"program check: {fault}")
         self.sandbox.end_processes()
 
     def close(self) -> None:

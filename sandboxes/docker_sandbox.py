@@ -565,6 +565,10 @@ class SandboxProcess:
             pass
         finally:
             self.sock.close()
+            # The socket itself, too (the wrapper's close leaves it open while this object holds
+            # it): an exec whose output nobody reads any more would stall the engine's stream
+            # copy, and with it every later exec and `docker top` of the container.
+            self.raw.close()
         return self.sandbox.client.api.exec_inspect(self.exec_id).get("ExitCode")
 
 
