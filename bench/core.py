@@ -4,12 +4,16 @@ Runs one cell of each ladder learner over a short own-generator stream against a
 solver-model server, then prints, per learner: instances, wall seconds, model seconds (time spent
 inside HTTP calls), orchestration overhead per instance (wall minus model time) and instances/s.
 
-    python bench/core.py [--tasks 6] [--visits 4] [--effort low]
+    python bench/core.py [--tasks 6] [--visits 4] [--effort low] [--cold-proxy]
+
+As a grid worker does, the bench has a warm spare of the host proxy ready before the first cell
+(proxy.host.prepare_spare); --cold-proxy starts every cell's mitmdump from scratch instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import textwrap
 import time
@@ -22,6 +26,7 @@ from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import load_grid
 from orchestrator.run.grid_run import model_service
 from orchestrator.run.runner import CellRunner
+from proxy.host import prepare_spare
 
 
 def main() -> None:
@@ -29,7 +34,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6)
     parser.add_argument("--visits", type=int, default=4)
     parser.add_argument("--effort", default="low")
+    parser.add_argument("--cold-proxy", action="store_true",
+                        help="no warm proxy spare: every cell's mitmdump starts cold")
     args = parser.parse_args()
+    if args.cold_proxy:
+        os.environ["CARC_PROXY_SPARE"] = "0"
+    else:
+        prepare_spare()
     console = Console(width=160)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -41,7 +52,8 @@ def main() -> None:
             learners: [stateless-floor, demo-cache-floor, program-library]
             """))
         grid = load_grid(run.grid)
-        table = Table(title=f"core overhead ({args.tasks} tasks x {args.visits} visits, effort {args.effort})")
+        proxy = "cold proxy" if args.cold_proxy else "warm proxy spare"
+        table = Table(title=f"core overhead ({args.tasks} tasks x {args.visits} visits, effort {args.effort}, {proxy})")
         for column in ("learner", "instances", "wall s", "model s", "model calls",
                        "overhead ms/instance", "overhead share", "instances/s"):
             table.add_column(column, justify="right")

@@ -1,9 +1,10 @@
 """Run a model-written `transform(grid)` on some grids, never in the orchestrator's process.
 
-Each run is a fresh `python3 -I -S` process with CPU-time, memory and output limits and a
-wall-clock timeout that kills it. Where it runs is the executor's business: `SandboxExecutor`
-runs it in the cell's Docker container that has no network (the default in grids), and
-`LocalExecutor` in a host subprocess (grids with `sandbox.engine: process`, and unit tests).
+Each run is a process of its own with CPU-time, memory and output limits and a wall-clock
+timeout that kills it. Where it runs is the executor's business: `SandboxExecutor` runs it in
+the cell's Docker container that has no network (the default in grids), as a child of the
+cell's one long-lived checker there, and `local_executor` in a fresh host `python3 -I -S`
+subprocess (grids with `sandbox.engine: process`, and unit tests).
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ from __future__ import annotations
 import json
 import os
 import resource
+import secrets
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
-from sandboxes.environment import ExecResult
+from sandboxes.environment import ExecResult, SandboxError
 
-DRIVER = r"""
-import json, sys
-payload = json.loads(sys.stdin.read())
+# What runs a program: `payload` ({"source", "inputs"}) in, one JSON line out (the last line of
+# stdout): {"results": [{"output": grid} | {"error": why}, ...]} or {"load_error": why}.
+DRIVER_BODY = r"""
 namespace = {"__name__": "carc_program"}
 results = []
 try:
@@ -42,6 +45,8 @@ for grid in payload["inputs"]:
         results.append({"error": f"{type(exc).__name__}: {exc}"[:500]})
 print(json.dumps({"results": results}))
 """
+# A fresh interpreter per program (the host process engine): the payload on stdin.
+DRIVER = "import json, sys\npayload = json.loads(sys.stdin.read())\n" + DRIVER_BODY
 
 
 @dataclass(frozen=True)
@@ -118,18 +123,282 @@ def local_executor(payload: str, limits: ProgramLimits) -> ExecResult:
     return ExecResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+# The checker: one `python3 -I -S` per cell in its no-network sandbox, fed over its stdin. It
+# never runs a program itself: each check is a child forked from it (its memory a copy of the
+# idle checker's) that takes its limits (CPU time, address space, 64 processes), runs the
+# driver and exits as the interpreter would; the checker kills it at the wall clock, collects
+# its output through pipes of its own (capped), and after every check kills every other process
+# of its uid in the container (kill(-1) spares the caller), so nothing a program started
+# outlives its check. A request is a header line and a payload line; the one reply line is
+# `REPLY_MARK <id> {json}`, so anything else on the channel (a program writing to the checker's
+# own stdout through /proc) is told apart and skipped.
+REPLY_MARK = "CARC-CHECK"
+STDERR_KEPT = 1 << 20  # bytes of a program's stderr kept (its tail: the host reads its last line)
+CHECKER = r"""
+import codecs, json, os, resource, select, signal, sys, time
+
+CHILD = "import json, sys\npayload = json.loads(_payload)\ndel _payload\n" + sys.argv[1]
+STDERR_KEPT = int(sys.argv[2])
+MARK = sys.argv[3]
+os.chdir("/tmp")
+pending = bytearray()
+
+
+def read_line():
+    while True:
+        end = pending.find(b"\n")
+        if end >= 0:
+            line = bytes(pending[:end])
+            del pending[:end + 1]
+            return line
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return None
+        pending.extend(chunk)
+
+
+def child(payload, out_w, err_w, header):
+    code = 125
+    try:
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 16)
+        resource.setrlimit(resource.RLIMIT_CPU, (header["cpu_s"], header["cpu_s"]))
+        resource.setrlimit(resource.RLIMIT_AS, (header["memory_bytes"], header["memory_bytes"]))
+        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+        text = payload.decode("utf-8")
+        code = 0
+        try:  # the driver as a `python3 -c` main module: SystemExit and tracebacks as it has them
+            exec(compile(CHILD, "<string>", "exec"), {"__name__": "__main__", "_payload": text,
+                                                      "__builtins__": __builtins__})
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code & 0xFF
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        # and then the interpreter's exit: non-daemon threads, atexit, the streams flushed
+        try:
+            threading = sys.modules.get("threading")
+            if threading is not None:
+                threading._shutdown()
+        except BaseException:
+            pass
+        try:
+            import atexit
+            atexit._run_exitfuncs()
+        except BaseException:
+            pass
+        try:
+            sys.stdout.flush()
+        except BaseException:
+            code = code or 120
+        try:
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
+def kill_others():
+    try:
+        os.kill(-1, signal.SIGKILL)  # every other process of this uid; never the caller
+    except OSError:
+        pass
+
+
+def run(header, payload):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(payload, out_w, err_w, header)
+    os.close(out_w)
+    os.close(err_w)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    deadline = started + header["wall_s"]
+    cap = header["output_bytes"] + 1
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    out, out_len, err = [], 0, bytearray()
+    fds = [out_r, err_r]
+    status = None
+    timed_out = False
+    while status is None or fds:
+        if status is None:
+            done, status_now = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = status_now
+                kill_others()  # what it left behind dies, so the pipes end
+                deadline = time.monotonic() + 5
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                kill_others()
+                _, status = os.waitpid(pid, 0)
+                deadline = time.monotonic() + 5
+                continue
+            wait = [pidfd] if pidfd is not None else []
+            ready = select.select(fds + wait, [], [], left if pidfd is not None else min(left, 0.002))[0]
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = select.select(fds, [], [], left)[0]
+        for fd in ready:
+            if fd == pidfd:
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                fds.remove(fd)
+                os.close(fd)
+            elif fd == out_r:
+                if out_len < cap:
+                    text = decoder.decode(data)
+                    out.append(text[:cap - out_len])
+                    out_len += len(out[-1])
+            else:
+                err += data
+                if len(err) > 2 * STDERR_KEPT:
+                    del err[:-STDERR_KEPT]
+    for fd in fds:
+        os.close(fd)
+    if pidfd is not None:
+        os.close(pidfd)
+    if out_len < cap:
+        out.append(decoder.decode(b"", final=True)[:cap - out_len])
+    if os.WIFSIGNALED(status):
+        code = 128 + os.WTERMSIG(status)  # as `timeout` and a shell report it
+    else:
+        code = os.WEXITSTATUS(status)
+    return {"returncode": code, "timed_out": timed_out, "stdout": "".join(out),
+            "stderr": bytes(err[-STDERR_KEPT:]).decode("utf-8", "replace")}
+
+
+while True:
+    line = read_line()
+    if line is None:
+        break
+    header = json.loads(line)
+    payload = read_line()
+    if payload is None or len(payload) != header["size"]:
+        sys.exit(f"checker: a payload of {header['size']} bytes was announced, not sent")
+    reply = run(header, payload)
+    data = (MARK + " " + header["id"] + " " + json.dumps(reply, ensure_ascii=False) + "\n").encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+"""
+CHECKER_GRACE_S = 5.0  # past a check's wall clock, the host's wait for the checker's reply
+
+
 class SandboxExecutor:
-    """The driver inside a sandbox (a container with no network), limits set by `ulimit`."""
+    """Programs run in a sandbox (a container with no network) by the cell's one long-lived
+    checker process (`CHECKER`), started on the first check. A checker that does not answer in
+    time, dies, or answers with something that is not its reply is ended with every process of
+    the sandbox's user and started again for the next check; the check it failed gets the
+    verdict its program earned (over the time limit, or crashed), unless the sandbox itself
+    stopped, which is the infrastructure's fault (SandboxError)."""
 
     def __init__(self, sandbox):
         self.sandbox = sandbox
+        self.checker = None
+        self.starts = 0  # checkers started (1 + restarts), for tests and benches
 
     def __call__(self, payload: str, limits: ProgramLimits) -> ExecResult:
-        # dash takes one limit per ulimit call; && so a failed limit never runs the program.
-        script = (f"ulimit -t {limits.cpu_s} && ulimit -v {limits.memory_bytes // 1024} && "
-                  f'ulimit -p 64 && exec python3 -I -S -c "$0"')
-        return self.sandbox.exec(["sh", "-c", script, DRIVER], input=payload,
-                                 timeout=limits.wall_s, cwd="/tmp")
+        from sandboxes.docker_sandbox import LineTooLong  # docker is imported only with a sandbox
+
+        request = secrets.token_hex(8)
+        header = json.dumps({"id": request, "wall_s": limits.wall_s, "cpu_s": limits.cpu_s,
+                             "memory_bytes": limits.memory_bytes, "output_bytes": limits.output_bytes,
+                             "size": len(payload.encode())})
+        deadline = time.monotonic() + limits.wall_s + CHECKER_GRACE_S
+        for attempt in range(2):
+            checker = self._checker()
+            try:
+                checker.send_line(header, timeout=CHECKER_GRACE_S)
+                checker.send_line(payload, timeout=CHECKER_GRACE_S)
+                break
+            except OSError:  # the checker was gone before the check began: a new one takes it
+                self._end_checker()
+                if attempt == 1:
+                    return self._failed("the program checker did not take the program")
+        mark = f"{REPLY_MARK} {request} "
+        # a reply holds the output (<= output_bytes + 1 characters) and the stderr tail, as JSON
+        cap = 6 * (limits.output_bytes + 1 + STDERR_KEPT) + 4096
+        skipped = 0
+        while True:
+            try:
+                line = checker.read_line(max(deadline - time.monotonic(), 0.001), limit=cap)
+            except TimeoutError:
+                return self._failed(None)
+            except LineTooLong:
+                return self._failed("the program wrote over the checker's replies")
+            if line is None:
+                return self._failed("the program ended the checker process that ran it")
+            at = line.find(mark)
+            if at < 0:  # not the reply (another program's late words on the checker's stdout)
+                skipped += len(line) + 1
+                if skipped > cap:
+                    return self._failed("the program wrote over the checker's replies")
+                continue
+            try:
+                reply = json.loads(line[at + len(mark):])
+                return ExecResult(int(reply["returncode"]), str(reply["stdout"]).encode(),
+                                  str(reply["stderr"]).encode(), bool(reply["timed_out"]))
+            except (ValueError, KeyError, TypeError):
+                skipped += len(line) + 1  # a line only made to look like the reply
+                continue
+
+    def _checker(self):
+        if self.checker is None:
+            self.checker = self.sandbox.open_process(
+                ["python3", "-I", "-S", "-c", CHECKER, DRIVER_BODY, str(STDERR_KEPT), REPLY_MARK])
+            self.starts += 1
+        return self.checker
+
+    def _failed(self, why: str | None) -> ExecResult:
+        """The check's verdict when its checker failed: the sandbox's fault if it stopped
+        (raised), else the program's: over the time limit (`why` None) or crashed (`why`)."""
+        self._end_checker()
+        if why is None:
+            return ExecResult(-9, b"", b"", timed_out=True)
+        return ExecResult(1, b"", why.encode())
+
+    def _end_checker(self) -> None:
+        """End the checker and whatever it ran (every process of the sandbox's user); a sandbox
+        that stopped is not brought back here: SandboxError, the infrastructure's fault."""
+        self.close()
+        fault = self.sandbox.fault()
+        if fault:
+            raise SandboxError(f"program check: {fault}")
+        self.sandbox.end_processes()
+
+    def close(self) -> None:
+        """Let the checker go (its stdin closed, it exits); the sandbox's teardown ends the rest."""
+        checker, self.checker = self.checker, None
+        if checker is not None:
+            try:
+                checker.close(timeout=0)
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = ProgramLimits(),

@@ -320,32 +320,45 @@ class EventLog:
         self.fence = fence
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(path, "a", encoding="utf-8")
+        self._unsynced = False
 
-    def append(self, event: Event) -> None:
+    def append(self, event: Event, durable: bool = True) -> None:
         """Write, flush and fsync one event. A failed write raises `RecordsUnwritable` (a stale
         attempt's, `StaleAttempt`, before anything is written); a line it left torn is what
-        `read_events` already skips."""
+        `read_events` already skips.
+
+        `durable=False` (only for a record that charges nothing and decides nothing, such as
+        instance_start) writes and flushes it, so a killed process keeps it, and leaves its fsync
+        to the next record's, which every charge or verdict comes with: only a machine that
+        loses power before that record can lose it, and then the slot reads as not yet begun,
+        which is how resume would have treated it anyway (nothing of it was charged)."""
         line = event.line() + "\n"
         try:
             with self.fence.held() if self.fence is not None else nullcontext():
-                self._write(line)
+                self._write(line, durable)
                 if self.fence is not None:
                     self.fence.written(self.path, line)
         except (OSError, ValueError) as exc:  # the fence could not be locked or read
             raise RecordsUnwritable(f"{self.path}: cannot check this attempt's fence ({exc}); "
                                     "fix the folder, then resume the run") from exc
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, durable: bool = True) -> None:
         try:
             self._fh.write(line)
             self._fh.flush()
-            os.fsync(self._fh.fileno())
+            if durable:
+                os.fsync(self._fh.fileno())  # also makes every line before it durable
+            self._unsynced = not durable
         except OSError as exc:
             raise RecordsUnwritable(f"{self.path}: cannot append an event ({exc.strerror or exc}); "
                                     "free space or fix the folder, then resume the run") from exc
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            if self._unsynced:
+                os.fsync(self._fh.fileno())
+        finally:
+            self._fh.close()
 
     def __enter__(self) -> "EventLog":
         return self

@@ -13,13 +13,16 @@ command line both use.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -245,13 +248,16 @@ class HostProxy:
                 prices=self.prices)
             (self.journal_dir / READY_FILE).unlink(missing_ok=True)
             t0 = time.monotonic()
-            with open(self.log_path, "ab") as log:
-                self._process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent, start_new_session=True)
+            self._process = _SPARES.launch(mitmdump, command, self.log_path)
+            if self._process is None:  # no warm spare for this thread: a cold start
+                with open(self.log_path, "ab") as log:
+                    self._process = subprocess.Popen(
+                        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        preexec_fn=die_with_parent, start_new_session=True)
             if self._wait_ready(port, t0):
                 self.port = port
                 self.startup_s = time.monotonic() - t0
+                _SPARES.prepare(mitmdump)  # the next proxy of this thread starts warm
                 return
             if "address already in use" not in self._log_tail().lower() or attempt == 2:
                 break
@@ -302,6 +308,95 @@ class HostProxy:
         except OSError:
             return "(no log)"
         return "\n".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
+
+LAUNCH_PATH = Path(__file__).with_name("launch.py")
+
+
+class _Spare:
+    """One warm spare: `proxy/launch.py` with mitmproxy imported, waiting for its command line."""
+
+    def __init__(self, mitmdump: Path):
+        self.mitmdump = mitmdump
+        # What a cold start would inherit; the spare serves a proxy only if all is still the same.
+        self.pid, self.thread = os.getpid(), threading.get_ident()
+        self.environ, self.cwd = dict(os.environ), os.getcwd()
+        self.process = subprocess.Popen(
+            [str(mitmdump.parent / "python"), str(LAUNCH_PATH)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+            start_new_session=True)
+
+    def fits(self, mitmdump: Path) -> bool:
+        return (self.mitmdump == mitmdump and self.pid == os.getpid()
+                and self.thread == threading.get_ident() and self.environ == os.environ
+                and self.cwd == os.getcwd() and self.process.poll() is None)
+
+    def discard(self) -> None:
+        if self.pid != os.getpid():
+            return  # a forked child's copy: the spare is its parent's
+        try:
+            self.process.stdin.close()  # EOF: the spare exits by itself
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class _SparePool:
+    """A warm spare per thread (the child dies with the thread that started it, PR_SET_PDEATHSIG,
+    so a spare only ever serves a proxy of the thread that made it). `launch` hands a fitting
+    spare its command and returns it as the proxy's process, exactly as Popen would have run
+    `command` (same environment, folder, session, output file); otherwise None: a cold start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spares: dict[int, _Spare] = {}
+
+    def prepare(self, mitmdump: Path) -> None:
+        if os.environ.get("CARC_PROXY_SPARE", "1") == "0":
+            return
+        with self._lock:
+            current = self._spares.get(threading.get_ident())
+            if current is not None and current.fits(mitmdump):
+                return
+            if current is not None:
+                current.discard()
+            self._spares[threading.get_ident()] = _Spare(mitmdump)
+
+    def launch(self, mitmdump: Path, command: list[str], log_path: Path) -> subprocess.Popen | None:
+        with self._lock:
+            spare = self._spares.pop(threading.get_ident(), None)
+        if spare is None:
+            return None
+        if not spare.fits(mitmdump):
+            spare.discard()
+            return None
+        try:
+            spare.process.stdin.write(json.dumps({"argv": command, "log": str(log_path)}).encode() + b"\n")
+            spare.process.stdin.close()
+        except OSError:  # it died meanwhile
+            spare.discard()
+            return None
+        return spare.process
+
+    def discard_all(self) -> None:
+        with self._lock:
+            spares, self._spares = list(self._spares.values()), {}
+        for spare in spares:
+            spare.discard()
+
+
+_SPARES = _SparePool()
+atexit.register(_SPARES.discard_all)
+
+
+def prepare_spare() -> None:
+    """Start this thread's warm spare now (a grid worker does at start-up), so that even its
+    first cell's proxy starts warm. Installs mitmproxy's venv if needed."""
+    _SPARES.prepare(mitmdump_path())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -173,7 +173,10 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
 
 
 def write_slot(control_path: str | os.PathLike[str], slot: int | None, phase: Phase) -> None:
-    """Tell the proxy which slot and phase the cell is in; atomic (the proxy never sees half)."""
+    """Tell the proxy which slot and phase the cell is in; atomic (the proxy never sees half).
+
+    Not fsynced: the file is a live signal to a running proxy, not a record (the calls' own
+    lines carry their slot), and after a crash the runner writes it again before any call."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     if slot is not None and (not isinstance(slot, int) or isinstance(slot, bool)):
@@ -183,8 +186,6 @@ def write_slot(control_path: str | os.PathLike[str], slot: int | None, phase: Ph
     tmp = control_path.with_name(f".{control_path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps({"slot": slot, "phase": phase, "t": time.time()}))
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, control_path)
 
 

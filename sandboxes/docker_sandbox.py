@@ -557,6 +557,10 @@ class DockerSandbox(SandboxEnvironment):
                                f"{result.stderr.decode(errors='replace')[-500:]}")
 
 
+class LineTooLong(ValueError):
+    """A process's output line passed the reader's limit."""
+
+
 class SandboxProcess:
     """stdin/stdout lines of a process inside a sandbox; stderr is kept for error messages."""
 
@@ -566,20 +570,30 @@ class SandboxProcess:
         self.sock = sock
         self.raw = getattr(sock, "_sock", sock)
         self.frames = frames_iter(self.raw, tty=False)
-        self.buffer = b""
+        self.buffer = bytearray()  # appended in place: a long line costs linear time
         self.stderr = b""
 
-    def send_line(self, text: str) -> None:
+    def send_line(self, text: str, timeout: float | None = None) -> None:
+        """Write one line to the process's stdin; with `timeout`, TimeoutError (socket.timeout)
+        when the process does not take it in that time (stopped, not reading)."""
+        if timeout is not None:
+            self.raw.settimeout(timeout)
         self.raw.sendall(text.encode() + b"\n")
 
-    def read_line(self, timeout: float) -> str | None:
-        """The next stdout line, or None when the process ended; TimeoutError past `timeout`.
+    def read_line(self, timeout: float, limit: int | None = None) -> str | None:
+        """The next stdout line, or None when the process ended; TimeoutError past `timeout`;
+        with `limit`, LineTooLong when the line passes `limit` bytes (what was read of it is
+        dropped).
 
         docker-py's frame reader polls the socket with no timeout of its own, so a process that
         says nothing (hung, stopped) would hold it forever: each frame is waited for here."""
         self.raw.settimeout(timeout)
         frames = _frames(self.raw, time.monotonic() + timeout, self.frames)
-        while b"\n" not in self.buffer:
+        end = self.buffer.find(b"\n")
+        while end < 0:
+            if limit is not None and len(self.buffer) > limit:
+                self.buffer = bytearray()
+                raise LineTooLong(f"{self.sandbox.name}: a line of more than {limit} bytes")
             try:
                 stream, data = next(frames)
             except StopIteration:
@@ -587,10 +601,14 @@ class SandboxProcess:
             except (socket.timeout, TimeoutError):
                 raise TimeoutError(f"{self.sandbox.name}: no answer in {timeout:g} s") from None
             if stream == 1:
+                newline = data.find(b"\n")  # only the new bytes are searched: linear in the line
+                if newline >= 0:
+                    end = len(self.buffer) + newline
                 self.buffer += data
             else:
                 self.stderr = (self.stderr + data)[-20000:]
-        line, self.buffer = self.buffer.split(b"\n", 1)
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
         return line.decode("utf-8", "replace")
 
     def exit_code(self) -> int | None:
@@ -610,6 +628,10 @@ class SandboxProcess:
             pass
         finally:
             self.sock.close()
+            # The socket itself, too (the wrapper's close leaves it open while this object holds
+            # it): an exec whose output nobody reads any more would stall the engine's stream
+            # copy, and with it every later exec and `docker top` of the container.
+            self.raw.close()
         return self.sandbox.client.api.exec_inspect(self.exec_id).get("ExitCode")
 
 

@@ -507,6 +507,34 @@ def test_host_proxy_with_an_unset_key_variable_passes_the_clients_key(upstream, 
     assert upstream.seen_with(mark).headers["authorization"] == "Bearer sk-users-own"
 
 
+def launched_by(proxy: HostProxy) -> str:
+    return Path(f"/proc/{proxy._process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def test_a_proxy_started_from_the_warm_spare_journals_as_a_cold_one(upstream, tmp_path, monkeypatch):
+    """The next proxy of a thread starts from the spare the last one left (mitmproxy already
+    imported); it journals exactly as a cold mitmdump does, and a spare made under another
+    environment is not used (the proxy starts cold, as it would have)."""
+    monkeypatch.delenv("CARC_PROXY_SPARE", raising=False)
+    entries = {}
+    for name in ("first", "warm"):
+        with HostProxy(tmp_path / name, cell=name, upstream=upstream.url) as proxy:
+            mark = marker()
+            proxy.set_slot(3, "before")
+            assert httpx.post(f"{proxy.base_url}/chat/completions", json=chat_body(mark), timeout=10).status_code == 200
+            entries[name] = entry_for(proxy, mark)
+            started_by = launched_by(proxy)
+        assert proxy.log_path.exists()
+        assert_no_addon_failure(proxy)
+    assert "launch.py" in started_by  # the second proxy was the first one's spare
+    for name, entry in entries.items():
+        assert (entry.cell, entry.slot, entry.phase, entry.status, entry.api) == (name, 3, "before", 200, "openai-chat")
+        assert entry.raw_request and entry.raw_response
+    monkeypatch.setenv("CARC_TEST_CHANGED_ENVIRONMENT", "1")
+    with HostProxy(tmp_path / "changed", cell="changed", upstream=upstream.url) as proxy:
+        assert "launch.py" not in launched_by(proxy) and "mitmdump" in launched_by(proxy)
+
+
 def test_mitmdump_command_carries_the_addon_options(tmp_path):
     command = mitmdump_command("mitmdump", journal_dir=tmp_path, cell="c1",
                                control=tmp_path / "slot.json", listen_host="0.0.0.0",

@@ -140,3 +140,29 @@ def test_the_wall_clock_reaches_the_learner_so_a_slow_turn_ends_at_the_limit(tmp
     assert "wall-clock limit of 2 s" in end.reason
     # the learner was told the instance's limit, so its 900 s turn was cut there, not waited for
     assert SlowLearner.waits and max(SlowLearner.waits) <= 2.0
+
+
+def test_a_record_that_charges_nothing_is_flushed_at_once_and_fsynced_with_the_next(tmp_path, monkeypatch):
+    """instance_start is written without an fsync of its own: a killed process keeps it (it is
+    flushed to the file), and the next record's fsync, or the log's close, makes it durable."""
+    import os
+
+    from orchestrator.records import Event, EventLog
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+
+    def event(kind: str, **fields) -> Event:
+        return Event(type=kind, cell="c", slot=0, phase="stream", task="t", visit=1, exposure=1,
+                     t=time.time(), **fields)
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.append(event("instance_start"), durable=False)
+    assert [e.type for e in read_events(path)] == ["instance_start"] and synced == []
+    log.append(event("step", step=1, outcome="demo"))
+    assert len(synced) == 1
+    log.append(event("resumed"), durable=False)
+    log.close()
+    assert len(synced) == 2 and [e.type for e in read_events(path)] == ["instance_start", "step", "resumed"]

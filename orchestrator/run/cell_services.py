@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tarfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,18 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             yield services
         return
     with ExitStack() as stack:
+        # The program sandbox starts (in a thread: engine calls only) while the proxy does.
+        starting = None
+        if cell.learner == "program-library" and grid.sandbox.engine == "docker":
+            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
+            from sandboxes.images import ensure_image
+
+            spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=CellPaths(cell_dir).run.name,
+                               cell=cell.cell, proxy=None, volume=False,
+                               limits=sandbox_limits(grid))
+            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="program-sandbox"))
+            starting = pool.submit(DockerSandbox(spec).start)
+            stack.callback(_teardown_once_started, starting)
         proxy = None
         base_url = upstream
         if grid.proxy.journal:
@@ -145,23 +158,26 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
         executor: ProgramExecutor = local_executor
         record = SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url,
                                upstream=upstream, program_checks="host-process")
-        if cell.learner == "program-library" and grid.sandbox.engine == "docker":
-            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
-            from sandboxes.images import ensure_image
-
-            spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=CellPaths(cell_dir).run.name,
-                               cell=cell.cell, proxy=None, volume=False,
-                               limits=sandbox_limits(grid))
-            sandbox = DockerSandbox(spec).start()
-            stack.callback(sandbox.teardown)
+        if starting is not None:
+            sandbox = starting.result()
             executor = SandboxExecutor(sandbox)
-            record = record.model_copy(update={"program_checks": "docker", "image": spec.image,
+            stack.callback(executor.close)  # first: the checker goes before its container
+            record = record.model_copy(update={"program_checks": "docker", "image": sandbox.spec.image,
                                                "container": sandbox.container.name})
         record.write(CellPaths(cell_dir).sandbox)  # how this cell was isolated, for the audit
         checks = ([proxy.fault] if proxy else []) + \
             ([executor.sandbox.fault] if isinstance(executor, SandboxExecutor) else [])
         yield CellServices(base_url, HostStateDir(CellPaths(cell_dir).state), executor, proxy,
                            infrastructure=checks)
+
+
+def _teardown_once_started(starting: Future) -> None:
+    """Tear down a sandbox started in the background (one that failed to start removed itself)."""
+    try:
+        sandbox = starting.result()
+    except BaseException:  # noqa: BLE001 - its start failed; the error reached the cell already
+        return
+    sandbox.teardown()
 
 
 @contextmanager

@@ -94,11 +94,18 @@ def _wait_ready(proc: subprocess.Popen, base_url: str, log_dir: Path) -> None:
 _progress_queue = None
 
 
-def _init_worker(progress_queue) -> None:
-    """Pool worker setup: die with the parent, and report progress through the shared queue."""
+def _init_worker(progress_queue, warm_proxy: bool = False) -> None:
+    """Pool worker setup: die with the parent, report progress through the shared queue, and
+    (for ladder cells behind the journaling proxy) have a warm proxy ready for the first cell."""
     global _progress_queue
     die_with_parent(signal.SIGKILL)
     _progress_queue = progress_queue
+    if warm_proxy:
+        from proxy.host import prepare_spare
+        try:
+            prepare_spare()
+        except Exception as exc:  # the cell's own proxy start reports it, with what to do
+            log.warning("proxy_spare_failed", error=str(exc))
 
 
 def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> str:
@@ -271,8 +278,9 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
     with model_service(grid, RunPaths(run_dir).logs, servers, host) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
+        warm_proxy = grid.proxy.journal and any(c.learner not in HARNESSES for c in cells)
         with progress, ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(events,)) as pool:
+                                           initargs=(events, warm_proxy)) as pool:
             bars = {c.cell: progress.add_task(c.cell, total=None, start=False) for c in cells}
             futures = {pool.submit(_run_cell, str(grid_path), c.model_dump_json(),
                                    str(RunPaths(run_dir).cell(c.cell).root), urls[k % len(urls)]): c

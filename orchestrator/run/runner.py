@@ -259,10 +259,10 @@ class CellRunner:
                                       event.completion_tokens or 0, event.model_s or 0.0,
                                       event.cost_usd or 0.0)
             journal.append(self._event("resumed", slot, step=len(history), cost=protocol.cost,
-                                       format=RECORDS_FORMAT))
-        else:
+                                       format=RECORDS_FORMAT), durable=False)
+        else:  # charges nothing: made durable by the next record (EventLog.append)
             journal.append(self._event("instance_start", slot, format=RECORDS_FORMAT,
-                                       wiped_before=slot.wipe_before))
+                                       wiped_before=slot.wipe_before), durable=False)
         start = time.monotonic()
         deadline = start + self.limits.wall_clock_s
         learner_error: tuple[str, FailureKind] | None = None
