@@ -38,7 +38,7 @@ from docker.types import Mount
 from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
-from sandboxes.environment import ExecResult, LeftOut, SandboxEnvironment, SandboxError
+from sandboxes.environment import ExecResult, LeftOut, SandboxEnvironment, SandboxError, durable_replace
 from sandboxes.images import docker_client, machine_lock
 from sandboxes import state_volumes
 from sandboxes.networks import ipv4_subnets
@@ -542,7 +542,7 @@ class DockerSandbox(SandboxEnvironment):
             tmp.unlink(missing_ok=True)
             raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed after "
                                f"{time.monotonic() - started:.0f} s: {exc}") from None
-        tmp.replace(dest)
+        durable_replace(tmp, dest)
         return left_out + [LeftOut(name, None, "path longer than the engine's archive reads (PATH_MAX)")
                            for name in sorted(watched)]
 

@@ -9,9 +9,25 @@ snapshot after each instance, restore one on resume, and a teardown that always 
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+
+def durable_replace(tmp: Path, dest: Path) -> None:
+    """Put a finished file in place so that it survives a power loss: its bytes are fsynced
+    before the rename, and the folder after it. A snapshot is written before the instance_end
+    that names it is fsynced; without this, a machine that lost power could leave a durable
+    instance_end whose snapshot, the state resume restores, never reached the disk."""
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, dest)
+    folder = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,29 @@ def test_a_record_that_charges_nothing_is_flushed_at_once_and_fsynced_with_the_n
     log.append(event("resumed"), durable=False)
     log.close()
     assert len(synced) == 2 and [e.type for e in read_events(path)] == ["instance_start", "step", "resumed"]
+
+
+def test_a_snapshot_is_fsynced_before_it_is_put_in_place_and_its_folder_after(tmp_path, monkeypatch):
+    """A durable instance_end must never name a snapshot a power loss could take back."""
+    import os as os_module
+
+    from orchestrator.run.cell_services import HostStateDir
+    synced, order = [], []
+    real_fsync, real_replace = os_module.fsync, os_module.replace
+
+    def fsync(fd):
+        synced.append(os_module.readlink(f"/proc/self/fd/{fd}"))
+        order.append("fsync")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        order.append("replace")
+        real_replace(src, dst)
+
+    state = HostStateDir(tmp_path / "state")
+    (tmp_path / "state" / "notes.txt").write_text("kept")
+    monkeypatch.setattr(os_module, "fsync", fsync)
+    monkeypatch.setattr(os_module, "replace", replace)
+    state.snapshot(tmp_path / "snap.tar.gz")
+    assert order == ["fsync", "replace", "fsync"]
+    assert synced == [str(tmp_path / "snap.tar.tmp"), str(tmp_path)]

@@ -28,7 +28,7 @@ from orchestrator.rows import row
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, run_prices
 from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
-from sandboxes.environment import LeftOut, StateVolume
+from sandboxes.environment import LeftOut, StateVolume, durable_replace
 
 
 class HostStateDir:
@@ -49,7 +49,7 @@ class HostStateDir:
         tmp = dest.with_suffix(".tmp")
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(self.path, arcname=".")
-        tmp.replace(dest)
+        durable_replace(tmp, dest)
         return []  # the ladder's own files: nothing is ever left out
 
     def restore(self, source: Path | None) -> None:
