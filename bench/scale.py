@@ -1,7 +1,7 @@
 """How many cells one machine holds: throughput, CPU and memory as concurrent cells grow.
 
     python bench/scale.py [--levels 2,4,8,16,32] [--kinds ladder,hermes-agent] [--timing hosted]
-                          [--tasks 1] [--visits 2] [--quick]
+                          [--tasks 1] [--visits 2] [--executors local,ray] [--quick]
 
 For every cell kind and concurrency level N, runs one grid of N cells at `workers: N` (the same
 learner at N seeds) on the embedded model with real-model timing (`model.timing`, default the
@@ -16,7 +16,8 @@ bought at least 1.5x the instances per hour.
 
 Kinds: `ladder` (the stateless floor: the runner's process and a host mitmdump per cell) or a
 harness name (`hermes-agent`, the lightest; `openclaw`, heavier): a sandbox and a proxy container
-per cell. `--quick`: levels 2,4,8, the ladder only, one instance per cell.
+per cell. `--quick`: levels 2,4,8, the ladder only, one instance per cell. `--executors
+local,ray` runs every level on the process pool and on a one-node Ray (`--executor ray`).
 
 The CPU and RSS samples are taken every `--sample-s` seconds: a process that lives shorter than
 that is missed (its CPU is small by the same token). Other users of the machine are not counted,
@@ -208,9 +209,16 @@ def run_local(run: Path, cells: int) -> None:
     execute(run, workers=cells, show_progress=False)
 
 
-# The executors a level can run on. The Ray executor (bench/ray_executor.py, orchestrator's
-# `--executor ray`) adds itself here as "ray": a function (run folder, cells) -> None.
-EXECUTORS: dict[str, Callable[[Path, int], None]] = {"local": run_local}
+def run_ray(run: Path, cells: int) -> None:
+    """`carc grid run --executor ray` on a one-node Ray started for the level on this machine
+    with `cells` docker slots (its start is in the level's wall time, not in the instances'
+    orchestration); `bench/ray_executor.py` measures a three-node cluster against the pool."""
+    from orchestrator.run.ray_executor import execute_ray_run
+    execute_ray_run(run, workers=cells, show_progress=False)
+
+
+# The executors a level can run on: a function (run folder, cells) -> None.
+EXECUTORS: dict[str, Callable[[Path, int], None]] = {"local": run_local, "ray": run_ray}
 
 
 def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root: Path) -> Level:

@@ -222,14 +222,17 @@ class DockerSandbox(SandboxEnvironment):
     def _wait_proxy(self, container, ca_dir: Path) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            container.reload()
-            logs = container.logs().decode("utf-8", "replace")
-            if container.status == "exited":
-                raise SandboxError(f"{container.name}: the proxy exited:\n{logs[-2000:]}")
             # The addon writes proxy.ready once loaded (an open port alone is not readiness).
+            # Read on the host first: the engine is asked only whether the proxy is still up, and
+            # for its logs only when it is not (a full logs() per poll and per starting cell was
+            # a cost of start-up bursts with many cells).
             if ((self.spec.proxy.journal_dir / "proxy.ready").exists()
                     and (ca_dir / CA_CERT_FILE).exists()):
                 return
+            container.reload()
+            if container.status == "exited":
+                logs = container.logs(tail=200).decode("utf-8", "replace")
+                raise SandboxError(f"{container.name}: the proxy exited:\n{logs[-2000:]}")
             time.sleep(0.1)
         raise SandboxError(f"{container.name}: the proxy did not start listening in 60 s:\n"
                            f"{container.logs().decode('utf-8', 'replace')[-2000:]}")

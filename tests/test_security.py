@@ -277,3 +277,19 @@ def test_https_through_connect_to_an_allowlisted_host_is_intercepted_and_trusted
             assert call.url.startswith("https://host.docker.internal")
     finally:
         os.environ.pop(KEY_ENV, None)
+
+
+def test_a_proxy_that_exits_at_start_is_reported_with_its_log_and_leaves_nothing(
+        base_image, proxy_image, client, run_id, tmp_path):
+    """The start waits on the proxy's readiness file and asks the engine only whether it is
+    still up: a proxy that dies at start is named with the tail of its own log, at once."""
+    from sandboxes.environment import SandboxError
+    spec = SandboxSpec(base_image, run_id, "cell-dead-proxy", proxy=ProxySpec(
+        proxy_image, tmp_path / "journal", "http://host.docker.internal:99999/v1", key_env=KEY_ENV))
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="the proxy exited") as failure:
+        DockerSandbox(spec, client).start()
+    assert time.monotonic() - started < 60  # not the readiness deadline: the exit was seen
+    assert "reverse" in str(failure.value).lower() or "invalid" in str(failure.value).lower()
+    left = client.containers.list(all=True, filters={"label": f"carc.run={run_id}"})
+    assert not [c.name for c in left if "cell-dead-proxy" in c.name]
