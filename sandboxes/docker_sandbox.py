@@ -212,6 +212,7 @@ class DockerSandbox(SandboxEnvironment):
             pids_limit=256, labels={**self.labels, LABEL_ROLE: "proxy"},
             # port 53 without a capability: only this container's network namespace changes
             sysctls={"net.ipv4.ip_unprivileged_port_start": str(DNS_PORT)})
+        self.proxy_container = container  # from here on, a failed start's teardown removes it
         self.proxy_address = pinned_address(self.network)
         self.network.connect(container, aliases=[PROXY_HOST],
                              **({"ipv4_address": self.proxy_address} if self.proxy_address else {}))

@@ -291,5 +291,6 @@ def test_a_proxy_that_exits_at_start_is_reported_with_its_log_and_leaves_nothing
         DockerSandbox(spec, client).start()
     assert time.monotonic() - started < 60  # not the readiness deadline: the exit was seen
     assert "reverse" in str(failure.value).lower() or "invalid" in str(failure.value).lower()
-    left = client.containers.list(all=True, filters={"label": f"carc.run={run_id}"})
-    assert not [c.name for c in left if "cell-dead-proxy" in c.name]
+    from sandboxes.docker_sandbox import LABEL_CELL
+    left = client.containers.list(all=True, filters={"label": f"{LABEL_CELL}=cell-dead-proxy"})
+    assert [c.name for c in left] == []
