@@ -38,7 +38,8 @@ from docker.types import Mount
 from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
-from sandboxes.environment import ExecResult, LeftOut, SandboxEnvironment, SandboxError, durable_replace
+from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, SandboxEnvironment, SandboxError,
+                                  durable_replace)
 from sandboxes.images import docker_client, machine_lock
 from sandboxes import state_volumes
 from sandboxes.networks import ipv4_subnets
@@ -527,7 +528,8 @@ class DockerSandbox(SandboxEnvironment):
         tmp = dest.with_suffix(".tmp")
         source = _ChunkReader(stream, deadline=started + limits.snapshot_s)
         try:
-            with tarfile.open(fileobj=source, mode="r|") as archive, tarfile.open(tmp, "w:gz") as out:
+            with (tarfile.open(fileobj=source, mode="r|") as archive,
+                  tarfile.open(tmp, "w:gz", compresslevel=SNAPSHOT_GZIP_LEVEL) as out):
                 for member in archive:
                     member.name = _relative_member(member.name)
                     if member.name is None:

@@ -28,7 +28,7 @@ from orchestrator.rows import row
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, run_prices
 from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
-from sandboxes.environment import LeftOut, StateVolume, durable_replace
+from sandboxes.environment import LeftOut, StateVolume, SNAPSHOT_GZIP_LEVEL, durable_replace
 
 
 class HostStateDir:
@@ -47,7 +47,7 @@ class HostStateDir:
 
     def snapshot(self, dest: Path) -> list[LeftOut]:
         tmp = dest.with_suffix(".tmp")
-        with tarfile.open(tmp, "w:gz") as tar:
+        with tarfile.open(tmp, "w:gz", compresslevel=SNAPSHOT_GZIP_LEVEL) as tar:
             tar.add(self.path, arcname=".")
         durable_replace(tmp, dest)
         return []  # the ladder's own files: nothing is ever left out
