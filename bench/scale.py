@@ -8,7 +8,8 @@ learner at N seeds) on the embedded model with real-model timing (`model.timing`
 `hosted` profile: solver_model/CALIBRATION.md), so each cell mostly waits on its model as it would
 on a provider. Prints per level: instances per hour (while cells run: from the first instance's start
 to the last one's end; the whole run's wall, start-up included, beside it), orchestration seconds per instance (an
-instance's wall time minus the model time its proxy journal recorded), CPU % of one core (the run's
+instance's wall time minus the time at least one of its model calls was in flight, from its
+proxy journal: the harness's own work is in it), CPU % of one core (the run's
 process tree and its Docker containers, sampled; over the whole run, the model servers' share of
 it, and the cells' own while they ran: the figure `carc grid plan` divides by), peak RSS per cell (the same), and errors (failed
 cells and model calls that failed). Then the knee: the last level where doubling the cells still
@@ -246,7 +247,7 @@ def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root
         walls = instance_walls(paths.root, cell_dir.name)
         failed_cells += not walls
         calls = frame[(frame["cell"] == cell_dir.name) & frame["slot"].isin(list(walls))] if len(frame) else frame
-        latency = float(calls["latency_s"].fillna(0).sum()) if len(calls) else 0.0
+        latency = covered(calls)
         instances += len(walls)
         model_s += latency
         orchestration += sum(walls.values()) - latency
@@ -256,6 +257,20 @@ def measure(executor: str, kind: str, cells: int, args: argparse.Namespace, root
                  100 * usage.cpu_seconds() / wall, 100 * usage.model_cpu_seconds() / wall,
                  100 * (in_span - model_in_span) / span if span else 0.0, usage.peak_rss / cells / 2**20,
                  errors + failed_cells, note)
+
+
+def covered(calls) -> float:
+    """Seconds during which at least one of `calls` was waiting on the model: the union of their
+    intervals. A harness can call the model in parallel (hermes-agent's background review beside
+    its conversation): summed latencies then pass the instance's wall time."""
+    spans = sorted((t, t + (latency or 0.0)) for t, latency in zip(calls["t_start"], calls["latency_s"])
+                   if t == t) if len(calls) else []
+    total, end = 0.0, float("-inf")
+    for start, stop in spans:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def knee(levels: list[Level]) -> tuple[Level | None, str]:
@@ -319,7 +334,8 @@ def main() -> None:
                       f"{r.cpu_percent:.0f}", f"{r.model_cpu_percent:.0f}", f"{r.run_cpu_percent:.0f}", f"{r.cpu_s_per_instance:.1f}", f"{r.rss_mb_per_cell:.0f}", str(r.errors), r.note)
     console.print(table)
     if args.json:
-        args.json.write_text(json.dumps({"load": os.getloadavg(), "args": vars(args) | {"json": str(args.json)},
+        args.json.write_text(json.dumps({"load": os.getloadavg(), "args": {k: str(v) if isinstance(v, Path) else v
+                                                                           for k, v in vars(args).items()},
                                          "levels": [asdict(r) | {"per_hour": r.per_hour, "cpu_s_per_instance": r.cpu_s_per_instance}
                                                     for r in results]},
                                         indent=1))

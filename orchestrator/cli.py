@@ -513,13 +513,17 @@ def node_join(address: str = typer.Argument(..., help="the Ray cluster's address
               block: bool = typer.Option(False, help="stay in the foreground until the node leaves"),
               dry_run: bool = typer.Option(False, help="check and print the `ray start` command only")) -> None:
     """Check this machine (`carc doctor`: engine, host address, images; CA and the rest as warnings)
-    and join it to the Ray cluster at ADDRESS with `docker: N` cell slots."""
+    and join it to the Ray cluster at ADDRESS with `docker: N` cell slots; then remove what cell
+    attempts of lost nodes left on this engine (a node that was lost mid-run and comes back)."""
     import subprocess
+    import sys
+    import time
 
     from rich.table import Table
 
     try:
-        from orchestrator.run.ray_executor import default_slots, join_command, node_checks
+        from orchestrator.run.ray_executor import (default_slots, join_command, node_checks, node_running,
+                                                   prune_after_join)
         import ray  # noqa: F401
     except ImportError as exc:
         _fail(f"carc node join needs Ray ({exc}): pip install 'carc\\[ray]'")
@@ -535,7 +539,7 @@ def node_join(address: str = typer.Argument(..., help="the Ray cluster's address
     if cells is not None and cells < 1:
         _fail(f"--cells {cells}: give at least 1")
     slots = cells or default_slots(cpus)
-    command = join_command(address, slots, cpus, memory, node_ip, block)
+    command = join_command(address, slots, cpus, memory, node_ip)
     console.print(f"joining {address} with docker: {slots}: {' '.join(command)}", highlight=False,
                   soft_wrap=True)
     if dry_run:
@@ -543,7 +547,19 @@ def node_join(address: str = typer.Argument(..., help="the Ray cluster's address
     code = subprocess.call(command)
     if code:
         _fail(f"`ray start` exited with {code}; its messages are above")
-    console.print("joined; leave the cluster with `ray stop`", highlight=False)
+    pruned = prune_after_join(address)
+    left = pruned.containers + pruned.networks + pruned.volumes
+    console.print(f"joined; removed {len(left)} Docker objects that attempts of lost nodes left here"
+                  + (f" ({', '.join(left)})" if left else ""), highlight=False, soft_wrap=True)
+    if not block:
+        console.print("leave the cluster with `ray stop`", highlight=False)
+        return
+    console.print("in the foreground until the node leaves (Ctrl-C: `ray stop`)", highlight=False)
+    try:
+        while node_running():
+            time.sleep(5)
+    except KeyboardInterrupt:
+        subprocess.call([sys.executable, "-m", "ray.scripts.scripts", "stop"])
 
 
 @app.command("inspect")

@@ -58,6 +58,10 @@ CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16
 LABEL_RUN = "org.carc.run"
 LABEL_CELL = "org.carc.cell"
 LABEL_ROLE = "org.carc.role"
+# The Ray node whose cell attempt made the object (the Ray executor sets NODE_ENV in the attempt's
+# process): what `prune_dead_nodes` finds when a node that was lost comes back.
+LABEL_NODE = "org.carc.ray-node"
+NODE_ENV = "CARC_RAY_NODE"
 # Paths at least this long are listed before a snapshot: the engine's archive silently drops a
 # path whose host-side name passes PATH_MAX (4096), and the volume's host prefix takes ~100 of it.
 LONG_PATH = 3000
@@ -114,6 +118,8 @@ class DockerSandbox(SandboxEnvironment):
         self.client = client or docker_client()
         self.name = slug(spec.run, spec.cell)
         self.labels = {LABEL_RUN: spec.run, LABEL_CELL: spec.cell}
+        if os.environ.get(NODE_ENV):
+            self.labels[LABEL_NODE] = os.environ[NODE_ENV]
         self.container = None
         self.proxy_container = None
         self.proxy_address: str | None = None  # the proxy on the cell network: the sandbox's DNS
@@ -737,8 +743,34 @@ class Pruned:
 
 def prune(client: docker.DockerClient | None = None, run: str | None = None) -> Pruned:
     """Remove every carc container, network and volume (of one run, or of all runs)."""
+    return _prune_labelled(client or docker_client(), f"{LABEL_RUN}={run}" if run else LABEL_RUN)
+
+
+def prune_dead_nodes(alive: set[str], client: docker.DockerClient | None = None) -> Pruned:
+    """Remove what cell attempts of Ray nodes not in `alive` left on this engine: a node that was
+    lost mid-run and came back (its raylet, and so its node id, is new) keeps its old attempt's
+    objects until then. Objects of the local pool carry no node label and are never touched."""
     client = client or docker_client()
-    label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
+    pruned = Pruned()
+    dead = set()
+    for lister in (client.containers.list(all=True, filters={"label": LABEL_NODE}, ignore_removed=True),
+                   client.networks.list(filters={"label": LABEL_NODE}),
+                   client.volumes.list(filters={"label": LABEL_NODE})):
+        for obj in lister:
+            # a container's labels are under Config; a network's and a volume's at the top
+            labels = obj.attrs.get("Labels") or (obj.attrs.get("Config") or {}).get("Labels") or {}
+            node = labels.get(LABEL_NODE)
+            if node and node not in alive:
+                dead.add(node)
+    for node in sorted(dead):
+        found = _prune_labelled(client, f"{LABEL_NODE}={node}")
+        pruned.containers += found.containers
+        pruned.networks += found.networks
+        pruned.volumes += found.volumes
+    return pruned
+
+
+def _prune_labelled(client: docker.DockerClient, label: str) -> Pruned:
     pruned = Pruned()
     # Other teardowns run meanwhile: whatever they remove first is not an error here.
     for container in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):

@@ -29,6 +29,7 @@ import pytest
 
 from orchestrator.records import CellFence, CellPaths, read_events
 from orchestrator.run.grid_run import execute
+from orchestrator.run.status import run_status
 from tests.test_runner import _run_labelled, assert_records_consistent
 
 ray = pytest.importorskip("ray", reason="the Ray executor's test needs the ray extra")
@@ -102,15 +103,17 @@ def holder(cell: CellPaths) -> tuple[str, int]:
     return found.group(1), int(found.group(2))
 
 
-def run_losing_a_node(cluster, run: Path, durability: str) -> CellPaths:
-    """Run `run` on the cluster, losing the node of the KILLED cell mid-instance; that cell."""
+def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
+                      seen_running: list | None = None) -> CellPaths:
+    """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell.
+    With `seen_running`, `carc status` is read just before the node is frozen and appended."""
     head, workers = cluster
     driver = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
          "ray", "--address", head.address, "--durability", durability, "--no-report"],
         env={**os.environ, **LOOPBACK}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True)
-    killed = CellPaths(run / "cells" / KILLED)
+    killed = CellPaths(run / "cells" / lost)
     stale_pid = None
     try:
         deadline = time.monotonic() + 600
@@ -121,6 +124,8 @@ def run_losing_a_node(cluster, run: Path, durability: str) -> CellPaths:
                 time.sleep(0.01)
                 continue
             node_id, pid = holder(killed)
+            if seen_running is not None:
+                seen_running.append({c.cell: c.state for c in run_status(run).cells})
             os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
             if not mid_instance(killed):  # the instance ended in between: try the next one
                 os.kill(pid, signal.SIGCONT)
@@ -154,14 +159,18 @@ def run_losing_a_node(cluster, run: Path, durability: str) -> CellPaths:
     return killed
 
 
-def assert_ended_as_a_local_run(run: Path, reference: Path, killed: CellPaths) -> None:
+def assert_resumed_elsewhere_once(run: Path, killed: CellPaths, slots: int = SLOTS) -> None:
     attempts = CellFence.read(killed.root)["attempts"]
     assert len(attempts) >= 2 and holder(killed)[0] != attempts[0]["holder"].split()[1]
     assert any(e.type == "resumed" for e in read_events(killed.events)), "the kill was not mid-instance"
     # every slot ended exactly once, step numbers without a gap or a repeat, nothing charged twice
-    assert_records_consistent(run, SLOTS)
-    assert instances(run) == instances(reference)
+    assert_records_consistent(run, slots)
     assert _run_labelled(run.name) == []
+
+
+def assert_ended_as_a_local_run(run: Path, reference: Path, killed: CellPaths) -> None:
+    assert_resumed_elsewhere_once(run, killed)
+    assert instances(run) == instances(reference)
 
 
 def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
@@ -183,8 +192,13 @@ def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(t
     reference = make_run(tmp_path, "ray-executor-head-local", HEAD_GRID)
     execute(reference, show_progress=False)
     run = make_run(tmp_path, "ray-executor-head", HEAD_GRID)
-    killed = run_losing_a_node(cluster, run, "head")
+    seen: list[dict] = []
+    killed = run_losing_a_node(cluster, run, "head", seen_running=seen)
     assert_ended_as_a_local_run(run, reference, killed)
+    # `carc status` on the head saw the cell running (the head's actor holds its lock for the
+    # attempt), and sees every cell done once the run has ended
+    assert seen and seen[-1][KILLED] == "running", seen
+    assert {c.state for c in run_status(run).cells} == {"done"}
     # the head's copy is whole: a snapshot and a transcript per slot, and the journal of the cell
     # that was not lost has every model call (the lost node's last journal lines may die with it)
     for cell in run.glob("cells/*"):
@@ -199,9 +213,84 @@ def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(t
     assert set(left) <= {f"{KILLED}.1"}, left
 
 
+JOIN_GRID = """\
+name: ray-join-it
+seed: 1
+track: {name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+model: {endpoint: embedded, name: carc-solver}
+efforts: [low]
+learners: [stateless-floor]
+workers: 1
+"""
+
+
+def test_a_joined_node_hosts_cells_and_a_node_that_comes_back_loses_what_its_lost_attempts_left(
+        tmp_path, monkeypatch):
+    """`carc node join HEAD` for real: Ray's `ray start` joins this machine as a node with its
+    `docker` slots (the head has none, so the grid's cell can only run there); before, the engine
+    holds objects an attempt of a node no longer in the cluster left (a node lost mid-run that
+    comes back) and objects of a live node's attempt: the join removes the first and keeps the
+    second."""
+    import uuid
+
+    import docker
+    import psutil
+    from ray.cluster_utils import Cluster
+
+    from sandboxes.docker_sandbox import LABEL_NODE, LABEL_RUN
+
+    for key, value in LOOPBACK.items():
+        monkeypatch.setenv(key, value)
+    client = docker.from_env()
+    before = {proc.pid for proc in psutil.process_iter()}
+    made = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 1, "resources": {"docker": 0}, "object_store_memory": 80 << 20, "include_dashboard": False})
+    head_id = made.head_node.node_id
+    tag = uuid.uuid4().hex[:8]
+    lost = client.volumes.create(f"carc-join-it-lost-{tag}", labels={LABEL_RUN: "join-it", LABEL_NODE: "f" * 56})
+    live = client.volumes.create(f"carc-join-it-live-{tag}", labels={LABEL_RUN: "join-it", LABEL_NODE: head_id})
+    ours = set()
+    try:
+        ours = {proc.pid for proc in psutil.process_iter()} - before
+        joined = subprocess.run([sys.executable, "-m", "orchestrator.cli", "node", "join", made.address,
+                                 "--cells", "1", "--node-ip", "127.0.0.1"], capture_output=True, text=True,
+                                # `ray start` joins a node only where multi-node clusters are on
+                                timeout=600, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+                                                  "COLUMNS": "200"})
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        assert re.search(r"removed \d+ Docker objects", joined.stdout) and lost.name in joined.stdout, joined.stdout
+        names = {v.name for v in client.volumes.list(filters={"label": "org.carc.run=join-it"})}
+        assert lost.name not in names and live.name in names, names
+        run = make_run(tmp_path, "ray-join-it", JOIN_GRID)
+        ran = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                              "--executor", "ray", "--address", made.address, "--no-report"],
+                             capture_output=True, text=True, timeout=600, env={**os.environ, **LOOPBACK})
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+        cell = CellPaths(run / "cells" / "stateless-floor.low.sequential.s1")
+        node_id, _ = holder(cell)
+        assert node_id != head_id  # the joined node, the only one with a `docker` slot
+        assert [e.slot for e in read_events(cell.events) if e.type == "instance_end"] == [0]
+    finally:
+        started = {proc.pid for proc in psutil.process_iter()} - before - ours
+        made.shutdown()
+        for pid in started:  # the joined node's processes (Ray's `ray stop` would stop every node here)
+            try:
+                proc = psutil.Process(pid)
+                if "ray" in proc.name() or any("ray" in part for part in proc.cmdline()):
+                    proc.kill()
+            except psutil.Error:
+                pass
+        for volume in (lost, live):
+            try:
+                volume.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+
+
 def test_node_join_checks_the_machine_and_joins_with_its_docker_slots():
     """`carc node join --dry-run`: doctor's checks on this machine, then Ray's own `ray start`
-    with the node's cell slots (nothing is started: a real join is the cluster fixture's nodes)."""
+    with the node's cell slots, nothing started (the test above joins for real)."""
     result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "node", "join", "10.9.8.7:6379",
                              "--cells", "3", "--dry-run"], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "COLUMNS": "200"})
@@ -224,3 +313,39 @@ def test_a_node_hosts_one_cell_per_core_at_most_one_per_2_gib():
                                    "sandbox": {"cpus": 1.5, "memory": "3g"}})
     assert cell_options(grid)["resources"] == {"docker": 1}
     assert cell_options(grid)["num_cpus"] == 1.5 and cell_options(grid)["memory"] == 3 << 30
+    # a cell waiting on its model reserves what its kind was measured to hold, within the limits
+    from orchestrator.run.plan import load_scale_priors
+    timed = GridConfig.model_validate({"name": "g", "learners": ["stateless-floor", "hermes-agent"],
+                                       "model": {"endpoint": "embedded", "name": "m", "timing": "hosted"},
+                                       "sandbox": {"cpus": 1.5, "memory": "3g"}})
+    floor, hermes = timed.cells()
+    ladder_cost = load_scale_priors().cost("stateless-floor")[1]
+    assert cell_options(timed, floor)["num_cpus"] == pytest.approx(ladder_cost.cpu_cores, abs=1e-3)
+    assert cell_options(timed, floor)["num_cpus"] < 0.5
+    assert cell_options(timed, floor)["memory"] == int(ladder_cost.rss_mb * 2**20) < 3 << 30
+    assert cell_options(timed, hermes)["num_cpus"] > cell_options(timed, floor)["num_cpus"]
+    tight = timed.model_copy(update={"sandbox": timed.sandbox.model_copy(update={"cpus": 0.05, "memory": "100m"})})
+    assert cell_options(tight, hermes)["num_cpus"] == 0.05 and cell_options(tight, hermes)["memory"] == 100 << 20
+    assert cell_options(grid, grid.cells()[0]) == cell_options(grid)  # untimed embedded: the limits
+
+
+HARNESS = "hermes-agent.low.sequential.s4"
+HARNESS_GRID = GRID.replace("learners: [program-library, hermes-agent]", "learners: [hermes-agent]").replace(
+    "tasks: 2, visits: 2", "tasks: 2, visits: 1")  # 2 slots: lost inside the second
+
+
+def test_a_harness_cell_whose_node_is_lost_mid_instance_resumes_once_in_a_new_sandbox(tmp_path, cluster):
+    """The harness cell's node is lost mid-instance: the retried attempt removes the lost
+    attempt's sandbox, proxy, network and volume by name, starts the harness afresh from the last
+    snapshot, and the interrupted instance goes on from its records (the demos and attempts it
+    bought stay bought); every slot ends once, nothing is charged twice, nothing is left. Its
+    replies cannot equal an uninterrupted run's (the resumed instance is a new conversation), so
+    unlike the ladder cell's its verdicts are not compared with a local run."""
+    run = make_run(tmp_path, "ray-executor-harness", HARNESS_GRID)
+    killed = run_losing_a_node(cluster, run, "shared", lost=HARNESS)
+    assert_resumed_elsewhere_once(run, killed, slots=2)
+    resumed = next(e for e in read_events(killed.events) if e.type == "resumed")
+    ended = {e.slot: e for e in read_events(killed.events) if e.type == "instance_end"}
+    # the lost node is not the learner's doing: the resumed instance is not charged as a crash
+    assert ended[resumed.slot].failure_kind not in ("crash", "learner-error", "other"), ended[resumed.slot]
+    assert not [e for e in read_events(killed.events) if e.type == "learner_error"]

@@ -29,6 +29,7 @@ instance, a stale attempt) fails as in the local pool and is recorded in `logs/f
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -37,12 +38,16 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.records import CellFence, RecordsUnwritable, RunPaths, read_events
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid
+
+if TYPE_CHECKING:
+    from sandboxes.docker_sandbox import Pruned
 
 log = structlog.get_logger("carc.ray")
 
@@ -64,10 +69,22 @@ def memory_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
-def cell_options(grid: GridConfig) -> dict:
-    """What one cell asks of its node: a `docker` slot, the sandbox's CPUs and memory."""
-    return {"num_cpus": grid.sandbox.cpus, "memory": memory_bytes(grid.sandbox.memory),
-            "resources": {DOCKER_RESOURCE: 1}, "max_retries": CELL_RETRIES, "retry_exceptions": False}
+def cell_options(grid: GridConfig, cell: Cell | None = None) -> dict:
+    """What one cell reserves on its node: a `docker` slot, and CPU and memory. A cell that waits on
+    its model (a real endpoint, or the embedded model with `model.timing`) reserves what a running
+    cell of its kind was measured to hold (`scale_priors.yaml`: the cores its CPU keeps busy over
+    its model wait, its peak memory; `carc grid plan` counts cells the same way), at most the
+    sandbox's limits, which stay its caps: reserving the limits would let a 2-core node run 2 such
+    cells where it holds ~20 (bench/scale.py). The embedded model without timing searches on the
+    cell's node as fast as it can: then the cell reserves the sandbox's CPUs and memory."""
+    cpus, memory = grid.sandbox.cpus, memory_bytes(grid.sandbox.memory)
+    if cell is not None and not (grid.model.endpoint == "embedded" and grid.model.timing is None):
+        from orchestrator.run.plan import load_scale_priors
+        _, cost = load_scale_priors().cost(cell.learner)
+        cpus = min(cpus, max(0.001, round(cost.cpu_cores, 3)))
+        memory = min(memory, int(cost.rss_mb * 2**20))
+    return {"num_cpus": cpus, "memory": memory, "resources": {DOCKER_RESOURCE: 1},
+            "max_retries": CELL_RETRIES, "retry_exceptions": False}
 
 
 def attempt_holder() -> str:
@@ -81,7 +98,11 @@ def run_cell_attempt(run_dir: str, cell_json: str, records=None) -> str:
     """One attempt at one cell, on whichever node Ray placed it: "done" or "stopped". With
     `records` (a `HeadRecords` actor: --durability head) the cell runs in a working copy on this
     node, laid down from the head's copy, and every record goes to the head as it is written."""
+    import ray
+    from sandboxes.docker_sandbox import NODE_ENV
     cell = Cell.model_validate_json(cell_json)
+    # the attempt's Docker objects carry its node: a node lost mid-run that comes back finds them
+    os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()
     if records is not None:
         return _attempt_with_head_copy(Path(run_dir).name, cell, records)
     run = RunPaths(run_dir)
@@ -127,6 +148,7 @@ class HeadRecords:
 
     def __init__(self, run_dir: str):
         self.run = RunPaths(run_dir)
+        self.locks: dict[str, tuple[int, object]] = {}  # cell -> (token, the held lock file)
 
     def run_files(self) -> dict[str, bytes]:
         """The run's own files (grid, prices, prompts, labels): what an attempt reads besides its cell."""
@@ -136,12 +158,35 @@ class HeadRecords:
         """A new attempt at `cell`: its token, and the head's copy of the cell's folder."""
         root = self.run.cell(cell).root
         fence = CellFence.take(root, holder)
+        self._hold(cell, fence.token)
         files = {}
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root).as_posix()
             if path.is_file() and path.name not in UNSENT - {"events.jsonl"} and not rel.startswith("state/"):
                 files[rel] = path.read_bytes()
         return fence.token, files
+
+    def _hold(self, cell: str, token: int) -> None:
+        """The cell's lock, held on the head for the attempt with `token` (the one `carc status`
+        tries, as the runner holds it in the local pool and with a shared folder); a newer
+        attempt's take moves it to that attempt."""
+        self.release(cell)
+        paths = self.run.cell(cell)
+        handle = open(paths.lock, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process runs the cell (a local resume): it shows running
+            handle.close()
+            return
+        self.locks[cell] = (token, handle)
+
+    def release(self, cell: str, token: int | None = None) -> None:
+        """Let go of the cell's lock (of the attempt with `token` only, when given)."""
+        held = self.locks.get(cell)
+        if held is None or (token is not None and held[0] != token):
+            return
+        del self.locks[cell]
+        held[1].close()
 
     def write(self, cell: str, token: int, changes: list[tuple[str, int | None, bytes]],
               line: str | None) -> None:
@@ -270,13 +315,18 @@ def _attempt_with_head_copy(run_name: str, cell: Cell, records) -> str:
                                                    if p.is_file() and p.name.startswith("model-")}))
         except RecordsUnwritable as exc:
             log.warning("final_send_refused", cell=cell.cell, error=str(exc))
+        try:
+            ray.get(records.release.remote(cell.cell, token))
+        except Exception as exc:  # noqa: BLE001 - the head's actor gone: it held nothing more
+            log.warning("release_failed", cell=cell.cell, error=str(exc))
         shutil.rmtree(root.parent, ignore_errors=True)
 
 
 def prepare_node(run_name: str, grid: GridConfig | None) -> dict:
-    """On one node: build (or find) the images the grid needs, and prune the run's leftovers."""
+    """On one node: build (or find) the images the grid needs, and prune the run's leftovers and
+    whatever attempts of nodes no longer alive left on this engine (a lost node that came back)."""
     from orchestrator.run.grid_run import harness_learners, needs_docker
-    from sandboxes.docker_sandbox import prune
+    from sandboxes.docker_sandbox import prune, prune_dead_nodes
 
     if grid is not None:
         if needs_docker(grid):
@@ -287,8 +337,14 @@ def prepare_node(run_name: str, grid: GridConfig | None) -> dict:
                 ensure_image("proxy", grid.sandbox.base)
                 ensure_image(registry.adapter(name).recipe, grid.sandbox.base)
     pruned = prune(run=run_name)
-    return {"node": socket.gethostname(), "containers": pruned.containers,
-            "networks": pruned.networks, "volumes": pruned.volumes}
+    orphans = prune_dead_nodes(alive_node_ids())
+    return {"node": socket.gethostname(), "containers": pruned.containers + orphans.containers,
+            "networks": pruned.networks + orphans.networks, "volumes": pruned.volumes + orphans.volumes}
+
+
+def alive_node_ids() -> set[str]:
+    import ray
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 def docker_nodes() -> list[dict]:
@@ -373,8 +429,9 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
             records = ray.remote(HeadRecords).options(num_cpus=0, scheduling_strategy=head).remote(str(run_dir))
         elif durability != "shared":
             raise ValueError(f"--durability {durability}: give one of {', '.join(DURABILITY)}")
-        task = ray.remote(run_cell_attempt).options(**cell_options(grid))
-        refs = {task.remote(str(run_dir), c.model_dump_json(), records): c for c in cells}
+        task = ray.remote(run_cell_attempt)
+        refs = {task.options(**cell_options(grid, c)).remote(str(run_dir), c.model_dump_json(), records): c
+                for c in cells}
         failures: list[str] = []
         stopped: list[str] = []
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
@@ -394,6 +451,8 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
                             cause = getattr(exc, "cause", None) or exc
                             failures.append(f"{cell}: {type(cause).__name__}: {cause}")
                             record_failure(run_dir, cell, f"{type(cause).__name__}: {cause}")
+                            if records is not None:  # Ray gave the cell up: it runs nowhere
+                                records.release.remote(cell)
                     _show(progress, bars, run)
         except BaseException:
             for ref in refs:  # the records written stand; the prune below removes what they ran
@@ -455,7 +514,7 @@ def node_checks() -> tuple[list, list]:
 
 
 def join_command(address: str, slots: int, cpus: int | None = None, memory: int | None = None,
-                 node_ip: str | None = None, block: bool = False) -> list[str]:
+                 node_ip: str | None = None) -> list[str]:
     """Ray's own `ray start` joining this node to the cluster at `address` with its `docker` slots."""
     import json
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", address,
@@ -466,6 +525,28 @@ def join_command(address: str, slots: int, cpus: int | None = None, memory: int 
         command += ["--memory", str(memory)]
     if node_ip is not None:
         command += ["--node-ip-address", node_ip]
-    if block:
-        command.append("--block")
     return command
+
+
+def prune_after_join(address: str) -> "Pruned":
+    """On a node that has just joined the cluster at `address`: remove what attempts of node ids
+    the cluster does not count alive left on this engine. A node lost mid-run that comes back has
+    a new node id; its old attempt's containers, networks and volumes go here (and, failing that,
+    at the next run's start, `prepare_node`)."""
+    import ray
+
+    from sandboxes.docker_sandbox import prune_dead_nodes
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    try:
+        return prune_dead_nodes(alive_node_ids())
+    finally:
+        ray.shutdown()
+
+
+def node_running() -> bool:
+    """Whether a Ray node (its raylet) runs on this machine."""
+    import psutil
+    for proc in psutil.process_iter(["name"]):
+        if proc.info.get("name") == "raylet":
+            return True
+    return False

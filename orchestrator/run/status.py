@@ -8,7 +8,8 @@ finish at that rate.
 
 A cell's state:
 - done: every slot of its schedule has an instance_end;
-- running: a process holds the cell's lock (the runner holds it while it runs the cell);
+- running: a process holds the cell's lock (the runner holds it while it runs the cell; on Ray
+  with `--durability head`, the head's records actor holds it for the cell's attempt);
 - stopped: its last record is a stop at limits.usd_per_cell;
 - failed: the run's process recorded the cell's failure (`logs/failures.jsonl`) after the
   cell's last record;
