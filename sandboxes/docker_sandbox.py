@@ -740,6 +740,12 @@ class Pruned:
     networks: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
 
+    def __iadd__(self, other: "Pruned") -> "Pruned":
+        self.containers += other.containers
+        self.networks += other.networks
+        self.volumes += other.volumes
+        return self
+
 
 def prune(client: docker.DockerClient | None = None, run: str | None = None) -> Pruned:
     """Remove every carc container, network and volume (of one run, or of all runs)."""
@@ -763,10 +769,7 @@ def prune_dead_nodes(alive: set[str], client: docker.DockerClient | None = None)
             if node and node not in alive:
                 dead.add(node)
     for node in sorted(dead):
-        found = _prune_labelled(client, f"{LABEL_NODE}={node}")
-        pruned.containers += found.containers
-        pruned.networks += found.networks
-        pruned.volumes += found.volumes
+        pruned += _prune_labelled(client, f"{LABEL_NODE}={node}")
     return pruned
 
 

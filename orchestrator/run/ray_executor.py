@@ -337,9 +337,9 @@ def prepare_node(run_name: str, grid: GridConfig | None) -> dict:
                 ensure_image("proxy", grid.sandbox.base)
                 ensure_image(registry.adapter(name).recipe, grid.sandbox.base)
     pruned = prune(run=run_name)
-    orphans = prune_dead_nodes(alive_node_ids())
-    return {"node": socket.gethostname(), "containers": pruned.containers + orphans.containers,
-            "networks": pruned.networks + orphans.networks, "volumes": pruned.volumes + orphans.volumes}
+    pruned += prune_dead_nodes(alive_node_ids())
+    return {"node": socket.gethostname(), "containers": pruned.containers,
+            "networks": pruned.networks, "volumes": pruned.volumes}
 
 
 def alive_node_ids() -> set[str]:
