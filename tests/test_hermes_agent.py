@@ -15,30 +15,14 @@ import pytest
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import read_events
 from proxy.journal import read_journal
-from tests.docker_fixtures import (check_journal_against_upstream, client, run_on_api,  # noqa: F401
-                                   run_scripted_grid)
+from tests.docker_fixtures import check_journal_against_upstream, client, run_on_api  # noqa: F401
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-GRID = """\
-name: hermes-it
-seed: 5
-track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
-orders: [sequential]
-model: {{endpoint: "{endpoint}", name: carc-scripted}}
-efforts: [low]
-learners:
-  - hermes-agent
-  - {{learner: hermes-agent, row: memory-off}}
-  - {{learner: hermes-agent, row: asked-to-store}}
-  - {{learner: hermes-agent, row: program-procedure}}
-workers: 2
-"""
-
-
 @pytest.fixture(scope="module")
-def run_dir(client, tmp_path_factory):
-    return run_scripted_grid(tmp_path_factory.mktemp("hermes"), "hermes-it", GRID)
+def run_dir(scripted_harness_run):
+    """hermes-agent's rows of the scripted harness grid (tests/conftest.py)."""
+    return scripted_harness_run
 
 
 def cell(run: Path, row: str) -> Path:

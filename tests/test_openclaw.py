@@ -21,22 +21,8 @@ from orchestrator.records import read_events
 from orchestrator.run.grid_run import execute
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
-from tests.docker_fixtures import (check_journal_against_upstream, client, run_on_api,  # noqa: F401
-                                   run_scripted_grid)
+from tests.docker_fixtures import check_journal_against_upstream, client, run_on_api  # noqa: F401
 
-GRID = """\
-name: openclaw-it
-seed: 5
-track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
-orders: [sequential]
-model: {{endpoint: "{endpoint}", name: carc-scripted}}
-efforts: [low]
-learners:
-  - openclaw
-  - {{learner: openclaw, row: memory-off}}
-  - {{learner: openclaw, row: asked-to-store}}
-workers: 2
-"""
 
 
 def test_the_config_points_at_the_proxy_with_every_mechanism_on():
@@ -64,8 +50,9 @@ def test_options_are_checked_by_name():
 
 
 @pytest.fixture(scope="module")
-def run_dir(client, tmp_path_factory):
-    return run_scripted_grid(tmp_path_factory.mktemp("openclaw"), "openclaw-it", GRID)
+def run_dir(scripted_harness_run):
+    """openclaw's rows of the scripted harness grid (tests/conftest.py)."""
+    return scripted_harness_run
 
 
 def cell(run: Path, row: str) -> Path:

@@ -142,10 +142,14 @@ workers: 2
 """
 
 
-def test_a_grid_ends_the_same_with_and_without_drivers_started_ahead_and_no_note_survives_a_wipe(tmp_path, client):
+def test_a_grid_ends_the_same_with_and_without_drivers_started_ahead_and_no_note_survives_a_wipe(
+        tmp_path, client, scripted_harness_run):
+    """With standby (the default): the two hermes-agent cells of the scripted harness grid
+    (tests/conftest.py, the same seed, stream and model as GRID); without: GRID run here."""
     verdicts, bodies = {}, {}
     for standby in ("true", "false"):
-        run = run_scripted_grid(tmp_path / standby, f"standby-{standby}", GRID.replace("STANDBY", standby))
+        run = (scripted_harness_run if standby == "true" else
+               run_scripted_grid(tmp_path / standby, f"standby-{standby}", GRID.replace("STANDBY", standby)))
         folder = run / "cells" / "hermes-agent-memory-off.low.sequential.s5"
         ends = {e.slot: e for e in read_events(folder / "events.jsonl") if e.type == "instance_end"}
         verdicts[standby] = {slot: (e.task, e.visit, e.status, e.cost, e.attempts_used, e.demos_used)

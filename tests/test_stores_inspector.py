@@ -22,7 +22,8 @@ from stores_inspector import inspect_run
 from stores_inspector.generic import file_diff
 from stores_inspector.reading import Problems, decompress, open_sqlite, read_json, salvage_json
 from stores_inspector.volume import Volume
-from tests.docker_fixtures import client, run_scripted_grid  # noqa: F401  (the Docker engine fixture)
+from tests.conftest import SCRIPTED_HARNESS_CELLS
+from tests.docker_fixtures import client  # noqa: F401  (the Docker engine fixture)
 from tests.fixtures.prime_agent.generate import CELL, T0, TASK_A, TASK_B, state, tar_gz, write_run
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "prime_agent" / "run"
@@ -417,25 +418,11 @@ def test_a_name_that_is_not_utf8_and_a_climbing_member_do_not_stop_carc_inspect(
 
 # --- hermes-agent and openclaw: the real harnesses on the scripted model (Docker) -----------------
 
-GRID = """\
-name: inspector-it
-seed: 5
-track: {{name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}}
-orders: [sequential]
-model: {{endpoint: "{endpoint}", name: carc-scripted}}
-efforts: [low]
-learners:
-  - hermes-agent
-  - {{learner: hermes-agent, row: memory-off}}
-  - openclaw
-workers: 2
-"""
-
-
 @pytest.fixture(scope="module")
-def real_run(client, tmp_path_factory):
-    """A real 2-task x 2-visit grid; the scripted model writes `carc-note: task <id> was seen`."""
-    return run_scripted_grid(tmp_path_factory.mktemp("inspector"), "inspector-it", GRID)
+def real_run(scripted_harness_run):
+    """A real 2-task x 2-visit grid of hermes-agent's and openclaw's rows (tests/conftest.py); the
+    scripted model writes `carc-note: task <id> was seen`."""
+    return scripted_harness_run
 
 
 @pytest.fixture(scope="module")
@@ -501,7 +488,7 @@ def test_carc_inspect_on_the_real_run_writes_a_section_per_cell(real_run):
     text = (real_run / "inspect" / "inspect.md").read_text()
     sections = re.findall(r"^## (.+)$", text, re.M)
     assert sections[0] == "Per harness and row", sections
-    assert len(sections[1:]) == 3 and all(s.endswith(".s5") for s in sections[1:]), sections
+    assert len(sections[1:]) == SCRIPTED_HARNESS_CELLS and all(s.endswith(".s5") for s in sections[1:]), sections
     assert (real_run / "inspect" / "timeline.csv").exists()
 
 

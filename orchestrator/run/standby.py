@@ -6,7 +6,8 @@ sandbox: a second sandbox container on the cell's network, behind the cell's pro
 new state volume, wiped and prepared exactly as the cell's first sandbox is at the cell's start
 (`HarnessState.restore(None)`: empty volume, the harness's config, its processes started). The
 wipe before an instance is then a swap: the instance meets the standby, which nothing has served;
-the sandbox it replaces is torn down and the next standby is prepared, both off the critical path.
+the sandbox it replaces is torn down (on a thread of its own) while the next standby is prepared,
+both off the critical path.
 
 A standby serves exactly one instance, the one after the wipe that takes it; it is torn down with
 the cell (`close`), and its container and volume carry the run's and cell's labels, so the cell's
@@ -50,6 +51,10 @@ class StandbyCell:
         self.generation = 0
         self.pristine = True  # the current sandbox has served no instance since it was prepared
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carc-standby")
+        # retired sandboxes are torn down on a thread of their own: behind the next standby's
+        # build on one thread, a teardown (stopping the harness, removing a container and a
+        # volume: 2-20 s under load) delayed the standby past the short instance it overlaps
+        self.retirer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carc-retire")
         self.standby: Future | None = None
         self.closed = False
         self.swaps = 0
@@ -103,7 +108,7 @@ class StandbyCell:
         else:
             old, self.current = self.current, fresh
             self.swaps += 1
-            self.pool.submit(self._retire, old)
+            self.retirer.submit(self._retire, old)
         self.pristine = True
         self._prepare_next()
 
@@ -126,7 +131,8 @@ class StandbyCell:
             except Exception:
                 fresh = None
             if fresh is not None:
-                self._retire(fresh)
+                self.retirer.submit(self._retire, fresh)
+        self.retirer.shutdown(wait=True)
 
 
 class CurrentState:
