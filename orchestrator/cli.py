@@ -19,6 +19,7 @@ images_app = typer.Typer(no_args_is_help=True, help="Sandbox images (built from 
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Docker sandboxes of cells.")
 adapters_app = typer.Typer(no_args_is_help=True, help="Harness adapters: list, scaffold, check.")
 node_app = typer.Typer(no_args_is_help=True, help="This machine as a node of a Ray cluster (--executor ray).")
+labels_app = typer.Typer(no_args_is_help=True, help="Symmetry labels of a frames track (two passes).")
 app.add_typer(grid_app, name="grid")
 app.add_typer(stream_app, name="stream")
 app.add_typer(model_app, name="model")
@@ -27,6 +28,7 @@ app.add_typer(images_app, name="images")
 app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(adapters_app, name="adapters")
 app.add_typer(node_app, name="node")
+app.add_typer(labels_app, name="labels")
 console = Console()
 
 
@@ -366,6 +368,53 @@ def tasks_list(source: str = typer.Option("own", help="own | arc1 | arc2")) -> N
         console.print(" ".join(sorted(arc2_new_eval_tasks())))
     else:
         _fail(f"unknown source {source!r}")
+
+
+@labels_app.command("make")
+def labels_make(
+    track: str = typer.Option("arc2", help="the track whose tasks are labelled (arc2: the 114 tasks new in ARC-AGI-2)"),
+    out: Path = typer.Option(Path("arc2_labels.yaml"), help="the labels file to write (an existing one "
+                             "keeps its pass B when no --endpoint is given); a grid reads it as track.labels"),
+    effort: str = typer.Option("high", help="pass A's search effort: low | medium | high"),
+    endpoint: Optional[str] = typer.Option(None, help="pass B's model endpoint (base URL); without "
+                                           "it only pass A runs"),
+    model: str = typer.Option("", help="pass B's model (both prompts)"),
+    model_check: Optional[str] = typer.Option(None, "--model-check", help="a second model for pass "
+                                              "B's `check` prompt (default: --model)"),
+    api: str = typer.Option("openai-chat", help="openai-chat | openai-responses | anthropic-messages"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", help="the variable holding the endpoint's key"),
+    model_effort: Optional[str] = typer.Option(None, "--model-effort", help="pass B's reasoning effort"),
+    workers: Optional[int] = typer.Option(None, help="pass A's processes (default: the cores)"),
+    concurrency: int = typer.Option(4, min=1, help="pass B: tasks asked at once"),
+) -> None:
+    """Decide which symmetries each task's rule survives: pass A (the embedded program search,
+    mechanical) and, with --endpoint, pass B (a model asked two ways); write the labels file."""
+    from orchestrator.labelling import (PassB, endpoint_asker, make_labels, previous_labels,
+                                        track_tasks, write_labels)
+    from orchestrator.tasks.labels import LabelsError
+    try:
+        tasks = track_tasks(track)
+        previous = previous_labels(out)
+    except (ValueError, LabelsError) as exc:
+        _fail(str(exc))
+    if effort not in ("low", "medium", "high"):
+        _fail(f"--effort {effort!r}: give low, medium or high")
+    with_b = None
+    if endpoint:
+        if not model:
+            _fail("--endpoint needs --model (the model pass B asks)")
+        check = model_check or model
+        with_b = PassB(endpoint_asker(endpoint, model, api, api_key_env, model_effort),
+                       endpoint_asker(endpoint, check, api, api_key_env, model_effort), model, check,
+                       concurrency)
+    labels = make_labels(tasks, track, effort, with_b, previous, workers,
+                         checkpoint=lambda partial: write_labels(partial, out, endpoint))
+    write_labels(labels, out, endpoint)
+    c = labels.counts()
+    console.print(f"wrote {out}: {c['tasks']} tasks; decided {c['decided']} (all 8 kept "
+                  f"{c['all 8 kept']}, own frame only {c['own frame only']}), undecided "
+                  f"{c['undecided']}, disagreement {c['disagreement']}; pass A gave a verdict on "
+                  f"{c['pass A verdicts']}, pass B on {c['pass B verdicts']}", highlight=False)
 
 
 @images_app.command("build")

@@ -3,7 +3,7 @@
     orchestrator/{arc,protocol,prompts,streams,rows,records}.py, orchestrator/tasks/   the pure core
     orchestrator/analysis/, stores_inspector/     read records; never the code that ran them
     orchestrator/run/                             the only layer using harness_adapters, sandboxes, proxy
-    orchestrator/cli.py, orchestrator/doctor.py   on top
+    orchestrator/cli.py, doctor.py, labelling.py  on top
 and no import circle anywhere (function-level imports count: a lazy import is still a circle).
 """
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "sandboxes", "proxy", "harness_adapters", "stores_inspector", "solver_model")
 PURE = ("orchestrator.arc", "orchestrator.protocol", "orchestrator.prompts", "orchestrator.streams",
         "orchestrator.rows", "orchestrator.records", "orchestrator.tasks")
-TOP = ("orchestrator.cli", "orchestrator.doctor")
+TOP = ("orchestrator.cli", "orchestrator.doctor", "orchestrator.labelling")
 
 
 def _module(path: Path, root: Path) -> str:

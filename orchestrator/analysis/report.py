@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from orchestrator.analysis import journal_summary, measures, plots, report_html, results, tables
+from orchestrator.analysis import (journal_summary, labels_served, measures, plots, report_html,
+                                   results, tables)
 from orchestrator.analysis.summary import summary_lines
 from orchestrator.records import Event, RunPaths, read_events
 
@@ -267,6 +268,7 @@ MEASURES = {
     "floor_pooled": ("Paired difference from the stateless floor, pooled over stream orders",
                      "The floor differences with the slot pairs of every order pooled, per cell "
                      "group, in points; the paired-savings figure under the summary draws these."),
+    "frames": (labels_served.TITLE, labels_served.INTRO),
     "failures": ("Failed instances by kind",
                  "The failed instances of the cell in every phase (stream, epilogue, fresh reference; "
                  "each charged the full budget), counted by why they failed: "
@@ -509,6 +511,9 @@ def run_tables(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPLES
     out[FAULTS] = measures.infrastructure_faults(events)
     out[UNFINISHED] = measures.unfinished_instances(events).rename_axis("cell").reset_index()
     out[STOPPED] = measures.stopped_cells(events)
+    served = labels_served.frames_table(Path(run_dir), frame)
+    if served is not None:  # a frames track: how many tasks get how many symmetries
+        out["frames"] = served
     # the figures draw from their own generator, so the tables never shift with them
     figure_rng = np.random.default_rng([seed, _FIGURE_STREAM])
     stream = frame["phase"] == "stream"

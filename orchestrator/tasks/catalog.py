@@ -28,7 +28,7 @@ def _pick(ids: list[str], n: int, seed: int, tag: int, what: str) -> list[str]:
 
 def track_sources(track, seed: int) -> TrackSources:
     """Build the sources of a `TrackConfig` (see orchestrator.run.grid_config) for a seed."""
-    from orchestrator.tasks.frames import FramedSource
+    from orchestrator.tasks.frames import ARC2_LABELS, FramedSource
     from orchestrator.tasks.own_source import OwnSource
     from orchestrator.tasks.public import PublicPairsSource, arc1_tasks, arc2_new_eval_tasks
 
@@ -38,7 +38,8 @@ def track_sources(track, seed: int) -> TrackSources:
     else:
         epilogue = PublicPairsSource(arc1_tasks("evaluation"), name="arc1-evaluation")
         if track.name == "arc2":
-            stream = FramedSource(arc2_new_eval_tasks(), name="arc2-frames", labels_file=track.labels)
+            stream = FramedSource(arc2_new_eval_tasks(), name="arc2-frames", labels_file=track.labels,
+                                  default_labels=ARC2_LABELS)
         elif track.source == "rearc":
             from orchestrator.tasks.rearc import ReArcSource
             stream = ReArcSource(track.rearc_path)

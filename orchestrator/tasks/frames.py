@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.arc import Demo, Grid, shape
 from orchestrator.tasks.base import ArcInstance, derive_seed
+from orchestrator.tasks.labels import SYMMETRY_NAMES, LabelsError, is_format_2, read_labels
 from orchestrator.tasks.public import (PublicTask, arc1_tasks, arc2_tasks, check_visit,
                                        seeded_demos, task_of)
 
@@ -53,6 +54,7 @@ _SYMMETRY: dict[str, Callable[[Grid], Grid]] = {
     "antitranspose": lambda g: _flip_v(_flip_h(_transpose(g))),
 }
 SYMMETRIES: tuple[str, ...] = tuple(_SYMMETRY)
+assert SYMMETRIES == SYMMETRY_NAMES
 
 # A 2x3 grid of distinct values has 8 distinct images, so it identifies a symmetry by its image.
 _PROBE: Grid = ((0, 1, 2), (3, 4, 5))
@@ -109,27 +111,34 @@ class Frame:
 # ----- the labels file -----
 
 DEFAULT_LABELS = "orchestrator/data/symmetry_labels.yaml"
+# The arc2 track's shipped labels: two passes over the 114 new tasks (orchestrator/tasks/labels.py,
+# written by `carc labels make --track arc2`).
+ARC2_LABELS = "orchestrator/data/arc2_labels.yaml"
 
 
-class LabelsError(ValueError):
-    """A symmetry labels file that cannot be used; the message names the file, line and task."""
+def shipped_labels_text(name: str = DEFAULT_LABELS) -> str:
+    return resources.files("orchestrator").joinpath("data", Path(name).name).read_text()
 
 
-def _default_labels_text() -> str:
-    return resources.files("orchestrator").joinpath("data", "symmetry_labels.yaml").read_text()
-
-
-def load_symmetry_labels(path: str | Path | None = None) -> dict[str, tuple[str, ...]]:
+def load_symmetry_labels(path: str | Path | None = None,
+                         default: str = DEFAULT_LABELS) -> dict[str, tuple[str, ...]]:
     """Task id -> allowed symmetries (always including identity) from a labels file.
 
-    `None` reads the shipped file. The file is a YAML mapping of task id to a list of symmetry
-    names; ids are taken as written, so an all-digit id like 00576224 needs no quotes.
+    `None` reads the shipped file `default`. The file is either a YAML mapping of task id to a
+    list of symmetry names (ids taken as written, so an all-digit id like 00576224 needs no
+    quotes), or a two-pass labels file of format 2 (orchestrator/tasks/labels.py), of which the
+    decisions are served: identity only for a task not decided.
     """
-    where = DEFAULT_LABELS if path is None else str(path)
+    where = default if path is None else str(path)
     try:
-        text = _default_labels_text() if path is None else Path(path).read_text()
+        text = shipped_labels_text(default) if path is None else Path(path).read_text()
     except OSError as e:
         raise LabelsError(f"{where}: cannot read the symmetry labels file: {e.strerror}") from None
+    return parse_symmetry_labels(text, where)
+
+
+def parse_symmetry_labels(text: str, where: str) -> dict[str, tuple[str, ...]]:
+    """`load_symmetry_labels` on a file's text; `where` names it in errors."""
     try:
         # compose() keeps each scalar as written and where it was: ids stay strings, errors get lines.
         root = yaml.compose(text)
@@ -137,6 +146,8 @@ def load_symmetry_labels(path: str | Path | None = None) -> dict[str, tuple[str,
         raise LabelsError(f"{where}: not valid YAML: {e}") from None
     if root is None:
         return {}
+    if is_format_2(root):
+        return read_labels(root, where).allowed()
     if not isinstance(root, yaml.MappingNode):
         raise LabelsError(f"{where}:{root.start_mark.line + 1}: expected a mapping of task id to "
                           f"a list of symmetry names")
@@ -197,10 +208,10 @@ class FramedSource:
     """
 
     def __init__(self, tasks: Mapping[str, PublicTask], name: str,
-                 labels_file: str | Path | None = None) -> None:
+                 labels_file: str | Path | None = None, default_labels: str = DEFAULT_LABELS) -> None:
         self.name = name
         self._tasks = dict(tasks)
-        self._labels = load_symmetry_labels(labels_file)
+        self._labels = load_symmetry_labels(labels_file, default_labels)
 
     def task_ids(self) -> list[str]:
         return list(self._tasks)
