@@ -1,6 +1,6 @@
 """The layers, as a specification of which package may import which (read from the source, no import).
 
-    orchestrator/{arc,protocol,prompts,streams,rows,records}.py, orchestrator/tasks/   the pure core
+    orchestrator/{arc,arc3,protocol,prompts,streams,rows,records}.py, orchestrator/tasks/   the pure core
     orchestrator/analysis/, stores_inspector/     read records; never the code that ran them
     orchestrator/run/                             the only layer using harness_adapters, sandboxes, proxy
     orchestrator/cli.py, doctor.py, labelling.py  on top
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "sandboxes", "proxy", "harness_adapters", "stores_inspector", "solver_model")
-PURE = ("orchestrator.arc", "orchestrator.protocol", "orchestrator.prompts", "orchestrator.streams",
+PURE = ("orchestrator.arc", "orchestrator.arc3", "orchestrator.protocol", "orchestrator.prompts", "orchestrator.streams",
         "orchestrator.rows", "orchestrator.records", "orchestrator.tasks")
 TOP = ("orchestrator.cli", "orchestrator.doctor", "orchestrator.labelling")
 
