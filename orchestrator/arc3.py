@@ -14,7 +14,10 @@ container; `Arc3Env` is what the orchestrator needs of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from orchestrator.arc import json_type, spell
+from orchestrator.protocol import FailureKind, Malformed, MalformedReply, Status, extract_action
 
 ACTIONS = ("RESET", "ACTION1", "ACTION2", "ACTION3", "ACTION4", "ACTION5", "ACTION6", "ACTION7")
 COMPLEX = "ACTION6"  # the one action with coordinates: x, y in 0..63
@@ -102,3 +105,156 @@ def charge_level(actions: int, baseline: int, completed: bool) -> LevelCharge:
     completed = completed and actions <= cap
     cost = min(actions, cap) if completed else cap
     return LevelCharge(actions, baseline, cap, cost, cost / cap, completed)
+
+
+# ----- the learner's actions -----
+
+def parse_arc3_action(value: Any) -> Arc3Action | Malformed:
+    """One action from a decoded JSON object: {"action": "ACTION1"}, {"action": "RESET"} or
+    {"action": "ACTION6", "x": 12, "y": 40}. Never raises; anything else is Malformed (free)."""
+    if not isinstance(value, dict):
+        return Malformed(f"an action must be a JSON object, got {json_type(value)}")
+    if "action" not in value:
+        return Malformed('the object has no "action" key')
+    name = value["action"]
+    if not isinstance(name, str) or name.upper() not in ACTIONS:
+        return Malformed(f"unknown action {spell(name)}; known actions: {', '.join(ACTIONS)}")
+    name = name.upper()
+    allowed = {"action", "x", "y"} if name == COMPLEX else {"action"}
+    extra = sorted(set(value) - allowed)
+    if extra:
+        return Malformed(f"unexpected key(s) {spell(extra)[1:-1]} for {name}; allowed: "
+                         + ", ".join(f'"{k}"' for k in sorted(allowed)))
+    if name != COMPLEX:
+        return Arc3Action(name)
+    x, y = value.get("x"), value.get("y")
+    for key, v in (("x", x), ("y", y)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SIDE:
+            return Malformed(f'{COMPLEX} needs "{key}": an integer 0 to {SIDE - 1}, got {spell(v)}')
+    return Arc3Action(name, x, y)
+
+
+def extract_arc3_action(text: str) -> Arc3Action | Malformed:
+    """The one JSON action in a reply (prose and code fences allowed), as on the grid tracks."""
+    return extract_action(text, parse_arc3_action)
+
+
+# ----- one level under the protocol -----
+
+@dataclass(frozen=True)
+class Acted:
+    """The engine's answer to a charged action."""
+
+    observation: Observation
+    actions: int  # actions charged so far on this level
+    completed: bool
+    over: bool
+
+
+@dataclass(frozen=True)
+class Arc3Refused:
+    """An action refused without charge (not available now, or the level is over)."""
+
+    reason: str
+
+
+@dataclass
+class LevelProtocol:
+    """The state of one level (an instance) under the protocol; pure: the runner calls the
+    engine and feeds back what it returned. `start` is the observation the level began with."""
+
+    game_id: str
+    level: int
+    baseline: int
+    start: Observation
+    max_malformed: int = 20
+    actions: int = 0
+    malformed: int = 0
+    status: Status = Status.OPEN
+    failure_reason: str | None = None
+    failure_kind: FailureKind | None = None
+    last: Observation | None = None
+
+    @property
+    def cap(self) -> int:
+        return CAP_FACTOR * self.baseline
+
+    @property
+    def over(self) -> bool:
+        return self.status is not Status.OPEN
+
+    @property
+    def charge(self) -> LevelCharge:
+        return charge_level(self.actions, self.baseline, self.status is Status.SOLVED)
+
+    @property
+    def current(self) -> Observation:
+        return self.last or self.start
+
+    def check(self, action: Arc3Action | Malformed) -> Arc3Refused | MalformedReply | None:
+        """Before the engine is asked: a malformed action (free, counted, capped) or one refused
+        without charge; None when the action is to be played (and charged)."""
+        if isinstance(action, Malformed):
+            if self.over:
+                return MalformedReply(action.reason, over=True)
+            self.malformed += 1
+            left = self.max_malformed - self.malformed
+            if left <= 0:
+                self._fail(f"{self.max_malformed} malformed actions", "malformed")
+                return MalformedReply(action.reason, over=True, left=0)
+            return MalformedReply(action.reason, over=False, left=left)
+        if self.over:
+            return Arc3Refused(f"the level is over ({self.status.value}); no more actions are taken")
+        number = ACTIONS.index(action.name)
+        available = self.current.available_actions
+        if number != 0 and available and number not in available:
+            names = ", ".join(["RESET"] + [ACTIONS[a] for a in available if 0 < a < len(ACTIONS)])
+            return Arc3Refused(f"{action.name} is not available now; available: {names}")
+        return None
+
+    def played(self, observation: Observation) -> Acted:
+        """Record a charged action's result: the level is completed when the engine counts one
+        more level completed than at the start (or reports WIN); failed at the cap."""
+        self.actions += 1
+        self.last = observation
+        completed = (observation.levels_completed > self.start.levels_completed
+                     or observation.state == "WIN")
+        if completed:
+            self.status = Status.SOLVED
+        elif self.actions >= self.cap:
+            self._fail(f"{self.cap} actions (5 x the human baseline {self.baseline}) without "
+                       "completing the level", "action-cap")
+        return Acted(observation, self.actions, completed, self.over)
+
+    def expire(self, reason: str, kind: FailureKind = "other") -> None:
+        if not self.over:
+            self._fail(reason, kind)
+
+    def _fail(self, reason: str, kind: FailureKind) -> None:
+        self.status = Status.FAILED
+        self.failure_reason = reason
+        self.failure_kind = kind
+
+
+# ----- what a model reads -----
+
+HEX = "0123456789abcdef"
+
+
+def render_frame(frame: tuple[tuple[int, ...], ...]) -> str:
+    """A frame as text: one line per row (row 0 first), one hex digit per cell (colours 0-15).
+    64 lines of 64 characters: every cell is there, in its place, at one token per few cells,
+    and x (column) and y (row) read off directly."""
+    return "\n".join("".join(HEX[c] for c in row) for row in frame)
+
+
+def render_change(before: tuple[tuple[int, ...], ...], after: tuple[tuple[int, ...], ...],
+                  most: int = 24) -> str:
+    """What an action changed: the cells (x, y: old -> new) when few, else how many."""
+    changed = [(x, y, a, b) for y, (ra, rb) in enumerate(zip(before, after))
+               for x, (a, b) in enumerate(zip(ra, rb)) if a != b]
+    if not changed:
+        return "nothing changed"
+    if len(changed) > most:
+        return f"{len(changed)} cells changed"
+    return "changed: " + ", ".join(f"({x},{y}) {HEX[a]}->{HEX[b]}" for x, y, a, b in changed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from orchestrator.arc import SPELL_LIMIT, Demo, Grid, GridError, as_grid, json_type, spell
 from orchestrator.tasks.base import ArcInstance
@@ -48,7 +48,8 @@ class Limits:
 # two caps, the runner's wall clock and empty conversation, and what went wrong with the learner
 # (a harness's own failure kinds: rate-limit, timeout, crash, bad-output, other).
 FailureKind = Literal["wrong-answers", "malformed", "wall-clock", "no-verdict", "model-unavailable",
-                      "learner-error", "rate-limit", "timeout", "crash", "bad-output", "other"]
+                      "learner-error", "rate-limit", "timeout", "crash", "bad-output", "other",
+                      "action-cap"]  # arc3: 5 x the level's human baseline without completing it
 
 
 class Status(str, Enum):
@@ -141,25 +142,27 @@ DECODE_BUDGET_FACTOR = 4
 DECODE_BUDGET_MIN = 65_536
 
 
-def extract_action(text: str) -> Action | Malformed:
+def extract_action(text: str, parse: Callable[[Any], Any] | None = None) -> Action | Malformed:
     """Find the one JSON action in a reply that may wrap it in prose or a code fence.
 
     The whole reply is tried first; then the last fenced JSON object; then the last `{...}` span
     (outermost first, searching inside a span only when it does not decode) that decodes to an
     object with an "action" key. Never raises, and its work is linear in the reply's length: an
     unclosed fence or brace, a stray quote, an over-long number or a deep nesting is malformed
-    (free), never an error or a hang.
+    (free), never an error or a hang. `parse` reads the decoded object (default `parse_action`,
+    the grid tracks' actions; the arc3 track passes its own).
     """
+    parse = parse or parse_action
     if not isinstance(text, str):
         return Malformed(f"reply must be text, got {json_type(text)}")
     stripped = text.strip()
     if not stripped:
         return Malformed("the reply is empty; it must carry one JSON action")
     try:
-        direct = parse_action(_decode(stripped))
+        direct = parse(_decode(stripped))
     except (ValueError, RecursionError) as exc:  # positions count from the reply
         direct = Malformed(_json_error(exc, text, len(text) - len(text.lstrip())), text)
-    if isinstance(direct, Action):
+    if not isinstance(direct, Malformed):
         return direct
     # Candidates in priority order: the fences, last first; then the `{...}` spans, last first;
     # then the spans found without string awareness (a stray quote in prose can pair with a
@@ -181,7 +184,7 @@ def extract_action(text: str) -> Action | Malformed:
             stack.extend(inner)  # a span that does not decode may hold one that does (last first)
             continue
         if isinstance(obj, dict) and "action" in obj:
-            return parse_action(obj)
+            return parse(obj)
     if stripped.startswith(("{", "[")):
         return direct
     return broken or Malformed(
