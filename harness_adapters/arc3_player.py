@@ -68,7 +68,7 @@ class Explorer:
 
     name = "arc3-explorer"
 
-    def __init__(self, effort: str = "low", seed: int = 0):
+    def __init__(self, state_dir: Path | None = None, effort: str = "low", seed: int = 0):
         if effort not in CLICKS:
             raise ValueError(f"effort {effort!r}: give one of {', '.join(CLICKS)}")
         self.effort = effort
@@ -150,7 +150,7 @@ class LibraryPlayer(Explorer):
     name = "arc3-library"
 
     def __init__(self, state_dir: Path, effort: str = "low", seed: int = 0):
-        super().__init__(effort, seed)
+        super().__init__(state_dir, effort, seed)
         self.state_dir = Path(state_dir)
         self.replay: list[Arc3Action] = []
 

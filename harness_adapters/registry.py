@@ -26,6 +26,11 @@ REGISTRY = Path(__file__).with_name("learners.yaml")
 GENERIC_PARSER = "stores_inspector.generic:Parser"
 
 
+# The grid tracks (a conversation over ARC grids) and arc3 (a game played action by action).
+GRID_TRACKS = ("own", "arc1", "arc2")
+ALL_TRACKS = (*GRID_TRACKS, "arc3")
+
+
 class RegistryError(ValueError):
     pass
 
@@ -39,6 +44,7 @@ class Registered:
     target: str  # "module:attribute": the ladder learner's class, or the harness's HarnessAdapter
     rows: tuple[str, ...]
     parser: str = GENERIC_PARSER  # the stores inspector's parser class
+    tracks: tuple[str, ...] = GRID_TRACKS  # the tracks it can play
 
     @property
     def module(self) -> str:
@@ -79,7 +85,11 @@ def _load(path: Path, mtime_ns: int) -> dict[str, Registered]:
         if unknown:
             raise RegistryError(f"{path}: {name}.rows: no row {', '.join(unknown)}; rows are "
                                 f"{', '.join(ROWS)} (orchestrator/rows.py)")
-        out[name] = Registered(name, kind, target, tuple(rows), entry.get("parser") or GENERIC_PARSER)
+        tracks = entry.get("tracks", list(GRID_TRACKS))
+        if not isinstance(tracks, list) or not tracks or not all(t in ALL_TRACKS for t in tracks):
+            raise RegistryError(f"{path}: {name}.tracks: expected a list of {', '.join(ALL_TRACKS)}")
+        out[name] = Registered(name, kind, target, tuple(rows), entry.get("parser") or GENERIC_PARSER,
+                               tuple(tracks))
     return out
 
 

@@ -203,6 +203,10 @@ class Event(BaseModel):
     # at most SNAPSHOT_LEFT_OUT_KEPT of them; `snapshot_left_out_n` counts them all)
     snapshot_left_out: list[str] | None = None
     snapshot_left_out_n: int | None = None
+    # arc3: the level served (0-based; instance_start, instance_end), and on instance_end the
+    # instance's full charge: 5 x the level's human baseline (absent: the grid tracks' 16)
+    level: int | None = None
+    budget: int | None = None
 
     def line(self) -> str:
         """The event as one JSON line. Never fails on a string a learner sent: text that UTF-8

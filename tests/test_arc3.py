@@ -143,7 +143,7 @@ def test_the_explorer_completes_short_levels_and_its_seed_sets_its_path():
     # It is weak: level 2 (4 cells away, cap 20) it fails on seeds 1 and 2, within the cap.
     results = {}
     for seed in range(5):
-        results[seed] = [play(Explorer("low", seed), FakeGame(), k) for k in range(3)]
+        results[seed] = [play(Explorer(None, "low", seed), FakeGame(), k) for k in range(3)]
     assert all(r[0].status is r[1].status is Status.SOLVED for r in results.values())
     assert all(r[2].actions <= r[2].cap for r in results.values())
     assert len({tuple(p.actions for p in r) for r in results.values()}) > 1
@@ -151,7 +151,7 @@ def test_the_explorer_completes_short_levels_and_its_seed_sets_its_path():
 
 def test_the_explorer_never_repeats_an_action_at_a_state_while_another_is_untried():
     game = FakeGame(clickable=False)
-    explorer = Explorer("low", seed=3)
+    explorer = Explorer(None, "low", seed=3)
     p = level(game, 2)
     explorer.begin("fake-0001", 2, p.start)
     seen = set()

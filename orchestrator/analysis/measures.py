@@ -47,7 +47,7 @@ SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed
 INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason", "cost",
             "demos_used", "attempts_used", "malformed", "first_submit_demos",
             "first_answer_correct", "wall_s", "model_calls", "prompt_tokens", "completion_tokens",
-            "model_s", "cost_usd")
+            "model_s", "cost_usd", "level", "budget")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.
 SCHEDULE_KEYS = ("track", "model", "effort", "order", "seed")
 # Lower edges of the gap bins (instances since the task was last served); the last bin is open.
@@ -113,7 +113,10 @@ def instances_frame(events_by_cell: Mapping[str, Sequence[Event]],
     for key in _FLOATS:
         df[key] = pd.to_numeric(df[key]).astype("float64")
     df["first_answer_correct"] = df["first_answer_correct"].astype("boolean")
-    df["share"] = df["cost"] / BUDGET
+    # an instance's own full charge (arc3: 5 x the level's baseline), else the grid tracks' 16
+    df["budget"] = pd.to_numeric(df["budget"]).fillna(BUDGET).astype("int64")
+    df["level"] = pd.to_numeric(df["level"]).astype("Int64")
+    df["share"] = df["cost"] / df["budget"]
     df["solved"] = (df["status"] == "solved").astype(bool)
     return df
 

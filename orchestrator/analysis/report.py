@@ -269,6 +269,12 @@ MEASURES = {
                      "The floor differences with the slot pairs of every order pooled, per cell "
                      "group, in points; the paired-savings figure under the summary draws these."),
     "frames": (labels_served.TITLE, labels_served.INTRO),
+    "arc3": ("ARC-AGI-3 levels",
+             "Per cell: levels played, the share completed, the budget share (actions against "
+             "5 x the level's human baseline; a level not completed is charged in full), seconds "
+             "per level, and the seed's retention view: the mean budget share at the first and "
+             "the second meeting of the same (game, level), and their slot-paired difference in "
+             "points (negative: the level came back cheaper), with the bootstrap over games."),
     "failures": ("Failed instances by kind",
                  "The failed instances of the cell in every phase (stream, epilogue, fresh reference; "
                  "each charged the full budget), counted by why they failed: "
@@ -277,8 +283,9 @@ MEASURES = {
                  "learner-error, or the harness's own kind (rate-limit, timeout, crash, bad-output, other)."),
 }
 SHOWN_FIRST = ("cells", "exposure", "floor", "transfer")  # the first report's own sections
-SHARES = {"budget", "solved", "failed", "first_answer_correct", "cost0_returning"}
-POINTS = {"mean", "twin_mean", "demo_cache_mean"}  # differences of shares, signed
+SHARES = {"budget", "solved", "failed", "first_answer_correct", "cost0_returning", "first_meeting",
+          "second_meeting"}
+POINTS = {"mean", "twin_mean", "demo_cache_mean", "second_minus_first"}  # differences of shares, signed
 SENSITIVITY = {"bound", "mde", "twin_bound", "twin_mde", "demo_cache_bound", "demo_cache_mde"}
 _POOLED_SHOWN = ["group", "orders", "cells", "n", "tasks", "budget", "solved", "failed",
                  "first_answer_correct", "first_submit_demos", "cost0_returning", "model_calls",
@@ -292,7 +299,10 @@ HEADERS = {"n": "instances", "budget": "budget share %", "solved": "solved share
            "demo_cache": "demo-cache floor", "demo_cache_mean": "minus demo cache (points)",
            "demo_cache_pairs": "demo-cache pairs", "bound": BOUND, "mde": MDE,
            "twin_bound": f"vs twin: {BOUND}", "twin_mde": f"vs twin: {MDE}",
-           "demo_cache_bound": f"vs demo cache: {BOUND}", "demo_cache_mde": f"vs demo cache: {MDE}"}
+           "demo_cache_bound": f"vs demo cache: {BOUND}", "demo_cache_mde": f"vs demo cache: {MDE}",
+           "s_per_level": "s per level", "pairs": "levels met twice",
+           "first_meeting": "1st meeting budget %", "second_meeting": "2nd meeting budget %",
+           "second_minus_first": "2nd minus 1st (points)"}
 
 
 def _gap_wide(table: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.analysis import clbench, measures, pathbench
+from orchestrator.analysis import arc3_tables, clbench, measures, pathbench
 
 
 def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
@@ -36,4 +36,7 @@ def run_measures(df: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
         "transfer": measures.forward_transfer(df, draws, level=level),
         "failures": measures.failure_table(df),
         "floor_pooled": measures.floor_pooled_table(df, cells, draws, level=level),
+        # last, so the draws of every table above are those of a run without arc3 levels
+        **({"arc3": arc3_tables.arc3_table(df, draws, level=level)}
+           if "level" in df and df["level"].notna().any() else {}),
     }

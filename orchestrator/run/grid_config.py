@@ -20,6 +20,8 @@ from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.rows import label
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
+
+ARC3_GAMES_ENV = "CARC_ARC3_GAMES"
 from proxy.prices import PriceTable
 from solver_model.search import EFFORTS as EMBEDDED_EFFORTS
 from solver_model.timing import Timing
@@ -42,7 +44,7 @@ class _Strict(BaseModel):
 
 
 class TrackConfig(_Strict):
-    name: Literal["own", "arc1", "arc2"] = "own"
+    name: Literal["own", "arc1", "arc2", "arc3"] = "own"
     source: Literal["own", "rearc", "frames"] | None = Field(
         None, description="arc1 only: rearc (needs rearc_path), own generators, or public pairs in frames")
     tasks: int = Field(25, ge=1, le=400)
@@ -52,6 +54,9 @@ class TrackConfig(_Strict):
     visits: int = Field(8, ge=1, le=64)
     rearc_path: Path | None = None
     labels: Path | None = None
+    environments_dir: Path | None = Field(
+        None, description="arc3 only: an ARC-AGI-3 environment_files/ folder (<game>/<version>/"
+        "metadata.json and the game's source); default: the variable CARC_ARC3_GAMES")
 
     @model_validator(mode="after")
     def _source_fits_track(self) -> "TrackConfig":
@@ -65,7 +70,29 @@ class TrackConfig(_Strict):
         if self.source == "rearc" and self.rearc_path is None:
             raise ValueError(f"source rearc needs rearc_path (or the variable {REARC_PATH_ENV}): the folder "
                              "of a Re-ARC checkout (git clone of michaelhodel/re-arc)")
+        if self.name == "arc3":
+            self._arc3()
+        elif self.environments_dir is not None:
+            raise ValueError("environments_dir is for track arc3 only")
         return self
+
+    def _arc3(self) -> None:
+        """A game is a task and a level an instance; there is no held-out epilogue (yet); `tasks`
+        is at most how many games are played (all of them when the folder has fewer)."""
+        given = self.model_fields_set
+        if self.environments_dir is None and os.environ.get(ARC3_GAMES_ENV):
+            self.environments_dir = Path(os.environ[ARC3_GAMES_ENV]).expanduser().resolve()
+        if self.environments_dir is None:
+            raise ValueError(f"track arc3 needs environments_dir (or the variable {ARC3_GAMES_ENV}): an "
+                             "ARC-AGI-3 environment_files/ folder; `carc arc3 fetch DIR` downloads the "
+                             "public games on a machine with internet")
+        if "epilogue" in given and self.epilogue:
+            raise ValueError("track arc3 has no held-out epilogue: set epilogue: 0")
+        if "fresh_reference" in given and self.fresh_reference:
+            raise ValueError("track arc3 has no fresh reference (it needs an epilogue): remove it")
+        if self.source is not None or self.labels is not None or self.rearc_path is not None:
+            raise ValueError("source, labels and rearc_path are not arc3's: remove them")
+        self.epilogue, self.fresh_reference = 0, False
 
 
 class ModelConfig(_Strict):
@@ -239,6 +266,12 @@ class GridConfig(_Strict):
                       for effort in dict.fromkeys(self.efforts)
                       if self.model.max_tokens <= ANTHROPIC_THINKING_BUDGET[effort]][:1]
         for i, entry in enumerate(self.learners):
+            tracks = registry.entry(entry.learner).tracks
+            if self.track.name not in tracks:
+                found.append((("learners", i), f"{entry.learner} plays {', '.join(tracks)}, not track "
+                              f"{self.track.name}" + (" (on arc3: arc3-explorer, arc3-library)"
+                                                      if self.track.name == "arc3" else "")))
+        for i, entry in enumerate(self.learners):
             if entry.learner not in HARNESSES:
                 continue  # the ladder speaks every API
             try:
@@ -365,7 +398,8 @@ def load_grid(path: Path | str) -> GridConfig:
         raise GridFileError("\n".join(f"{path}:{_line_of(root, loc)}: {_field(loc)}: {message}"
                                       for loc, message in problems))
     base = path.parent
-    for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"), (grid, "prompts"),
+    for holder, attr in ((grid.track, "rearc_path"), (grid.track, "labels"),
+                         (grid.track, "environments_dir"), (grid, "prompts"),
                          (grid, "prices")):
         value = getattr(holder, attr)
         if value is not None and not value.is_absolute():

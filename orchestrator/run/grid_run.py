@@ -119,6 +119,9 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
     def progress(done: int, total: int) -> None:
         _progress_queue.put((cell.cell, done, total))
 
+    if grid.track.name == "arc3":  # levels of games through the engine, not conversations over grids
+        from orchestrator.run.arc3_runner import Arc3CellRunner
+        return Arc3CellRunner(grid, cell, Path(cell_dir), progress=progress).run()
     return CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
 
 
@@ -195,6 +198,8 @@ def run_grid_path(run_dir: Path) -> Path:
 
 
 def needs_docker(grid: GridConfig) -> bool:
+    if grid.track.name == "arc3":  # the engine runs in its own container
+        return True
     learners = {c.learner for c in grid.cells()}
     return bool(learners & HARNESSES) or (grid.sandbox.engine == "docker" and "program-library" in learners)
 
@@ -211,7 +216,10 @@ def prepare_sandboxes(grid: GridConfig, run_dir: Path, show_progress: bool) -> N
     from sandboxes.images import ensure_image
 
     with Console().status("preparing sandbox images ...") if show_progress else nullcontext():
-        ensure_image("base", grid.sandbox.base)
+        if grid.track.name == "arc3":
+            ensure_image("arc3-engine", grid.sandbox.base)  # Python >= 3.12 and the official engine
+        else:
+            ensure_image("base", grid.sandbox.base)
         for name in harness_learners(grid):
             ensure_image("proxy", grid.sandbox.base)
             ensure_image(registry.adapter(name).recipe, grid.sandbox.base)

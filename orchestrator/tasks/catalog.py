@@ -32,6 +32,12 @@ def track_sources(track, seed: int) -> TrackSources:
     from orchestrator.tasks.own_source import OwnSource
     from orchestrator.tasks.public import PublicPairsSource, arc1_tasks, arc2_new_eval_tasks
 
+    if track.name == "arc3":
+        from orchestrator.tasks.arc3_games import Arc3Source, load_games
+        games = Arc3Source(load_games(track.environments_dir))
+        ids = games.task_ids()
+        picked = _pick(ids, min(track.tasks, len(ids)), seed, 1, "track.tasks")
+        return TrackSources(games, picked, games, [])
     if track.name == "own" or track.source == "own":
         stream: TaskSource = OwnSource(split="stream")
         epilogue: TaskSource = OwnSource(split="heldout")

@@ -1,0 +1,263 @@
+"""The arc3 cell runner: one player through a stream of game levels, with the records of every track.
+
+For every slot (a game's level, `orchestrator/tasks/arc3_games.py`): wipe the state if the row
+says so -> the engine puts the game on the level (not charged) -> instance_start -> per action:
+the protocol checks it (malformed or unavailable: free), the engine plays it, one fsynced `step`
+event (the action, its charge so far, a digest of the frame it produced) before the player hears
+the answer -> snapshot of the state -> instance_end with the level's charge (`cost`) and its full
+charge (`budget` = 5 x the level's human baseline).
+
+A killed run resumes at the first slot without an instance_end: the state comes back from the
+previous slot's snapshot, the level is entered again and its logged actions are played again
+(not charged again), the player choosing each of them anew from the same state, and the frame
+digests must agree, so a game that is not deterministic is said to be so instead of scored.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from harness_adapters import registry
+from orchestrator.arc3 import (COMPLEX, Arc3Action, Arc3Env, LevelProtocol, Observation,
+                               parse_arc3_action)
+from orchestrator.protocol import Malformed, MalformedReply
+from orchestrator.records import (RECORDS_FORMAT, CellFence, CellPaths, Event, EventLog,
+                                  RecordsUnwritable, read_events, truncate_torn_tail)
+from orchestrator.run.cell_services import HostStateDir
+from orchestrator.run.grid_config import Cell, GridConfig
+from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, InfrastructureFault
+from orchestrator.run.schedule import ScheduledSlot, build_schedule
+from orchestrator.tasks.base import derive_seed
+
+log = structlog.get_logger("carc.arc3")
+
+LOCK_TRIES = 30  # x 0.1 s
+EXTRA_TURNS = 50  # turns beyond the cap and the malformed cap before a level is given up
+
+
+class ReplayMismatch(RuntimeError):
+    """A resumed level played its logged actions again and the engine answered otherwise."""
+
+
+def frame_digest(observation: Observation) -> str:
+    last = observation.frames[-1] if observation.frames else ()
+    data = json.dumps([last, observation.state, observation.levels_completed]).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def action_json(action: Arc3Action) -> dict:
+    return {"action": action.name, **({"x": action.x, "y": action.y} if action.name == COMPLEX else {})}
+
+
+def open_engine(grid: GridConfig, cell: Cell, cell_dir: Path) -> Arc3Env:
+    """The cell's own engine container, serving the grid's games folder to this process only."""
+    from orchestrator.run.arc3_engine import open_engine_env
+    return open_engine_env(grid, cell, cell_dir)
+
+
+@dataclass
+class Arc3CellRunner:
+    """Runs one arc3 cell in `cell_dir`; `progress(done, total)` after each level."""
+
+    grid: GridConfig
+    cell: Cell
+    cell_dir: Path
+    env_factory: Callable[[], Arc3Env] | None = None  # default: the cell's engine container
+    progress: Callable[[int, int], None] = lambda done, total: None
+    fence: CellFence | None = None
+
+    def __post_init__(self) -> None:
+        self.paths = CellPaths(self.cell_dir)
+        for folder in (self.paths.state, self.paths.snapshots, self.paths.transcripts):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.cell.record().write(self.paths.settings)
+        self.limits = self.grid.limits.limits()
+
+    def run(self) -> str:
+        lock = open(self.paths.lock, "w")
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == LOCK_TRIES - 1:
+                    lock.close()
+                    raise RuntimeError(f"{self.cell_dir}: another process is running this cell") from None
+                time.sleep(0.1)
+        try:
+            for restart in range(INFRASTRUCTURE_RESTARTS + 1):
+                try:
+                    self._run()
+                    return "done"
+                except InfrastructureFault as exc:
+                    if restart == INFRASTRUCTURE_RESTARTS:
+                        raise InfrastructureFault(
+                            f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of the engine "
+                            "(resume with `carc grid run --resume` once the cause is fixed)") from exc
+                    # a fresh engine, and the interrupted level continued from its records
+                    log.warning("arc3_engine_restart", cell=self.cell.cell, fault=str(exc), restart=restart + 1)
+        finally:
+            lock.close()
+
+    def _run(self) -> None:
+        schedule = build_schedule(self.grid, self.cell)
+        truncate_torn_tail(self.paths.events)
+        events = read_events(self.paths.events)
+        finished = {e.slot for e in events if e.type == "instance_end"}
+        self.state = HostStateDir(self.paths.state)
+        player_class = registry.learner_class(self.cell.learner)
+        self.player = player_class(self.paths.state, self.cell.effort,
+                                   derive_seed(self.cell.seed, "arc3-player", self.cell.label))
+        try:
+            env = self.env_factory() if self.env_factory is not None else open_engine(
+                self.grid, self.cell, self.cell_dir)
+        except Exception as exc:
+            raise InfrastructureFault(f"the arc3 engine did not start: {exc}") from exc
+        try:
+            with EventLog(self.paths.events, self.fence) as journal:
+                if events:  # resuming: the state as it was after the last finished slot
+                    done = [s for s in schedule if s.index in finished]
+                    self.state.restore(self.paths.snapshot(done[-1].index) if done else None)
+                for position, slot in enumerate(schedule):
+                    if slot.index in finished:
+                        continue
+                    partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                    self._run_slot(env, slot, journal, partial)
+                    self.progress(position + 1, len(schedule))
+        finally:
+            env.close()
+
+    def _event(self, kind: str, slot: ScheduledSlot, **fields) -> Event:
+        return Event(type=kind, cell=self.cell.cell, slot=slot.index, phase=slot.phase,
+                     task=slot.task_id, visit=slot.visit, exposure=slot.exposure, t=time.time(),
+                     **fields)
+
+    def _engine(self, journal: EventLog, slot: ScheduledSlot, call: Callable[[], Observation]) -> Observation:
+        """An engine call; its failure is the infrastructure's, never charged: the level is
+        journaled as interrupted and continued from its records on a fresh engine."""
+        try:
+            return call()
+        except Exception as exc:
+            journal.append(self._event("infrastructure_fault", slot,
+                                       error=f"the arc3 engine failed: {type(exc).__name__}: {exc}"[:2000]))
+            raise InfrastructureFault(f"slot {slot.index}: the arc3 engine failed: {exc}") from exc
+
+    def _replay(self, env: Arc3Env, slot: ScheduledSlot, protocol: LevelProtocol,
+                partial: list[Event], journal: EventLog) -> LevelProtocol:
+        """Play a resumed level's logged steps again: nothing charged twice, the player and the
+        engine brought back to where the records say they were."""
+        for event in (e for e in partial if e.type == "step"):
+            data = event.action or {}
+            if "malformed" in data:
+                protocol.check(Malformed(data["malformed"]))
+                continue
+            action = parse_arc3_action(data)
+            if isinstance(action, Malformed):
+                raise ReplayMismatch(f"{self.paths.events}: slot {slot.index} step {event.step}: "
+                                     f"the logged action does not parse ({action.reason})")
+            chosen = self.player.choose(protocol.current)
+            if chosen != action:
+                log.warning("arc3_replay_choice_differs", cell=self.cell.cell, slot=slot.index,
+                            step=event.step, logged=action_json(action), chosen=action_json(chosen))
+            if event.outcome != "played":
+                protocol.check(action)
+                continue
+            observation = self._engine(journal, slot, lambda: env.act(action))
+            digest = (event.note or {}).get("frame")
+            if digest is not None and digest != frame_digest(observation):
+                raise ReplayMismatch(f"{self.paths.events}: slot {slot.index} step {event.step}: the "
+                                     f"engine answered the logged action otherwise on resume (game "
+                                     f"{slot.task_id} is not deterministic); the level cannot resume exactly")
+            acted = protocol.played(observation)
+            self.player.observe(action, observation)
+            if acted.completed:
+                self.player.completed(protocol.game_id, protocol.level)
+        return protocol
+
+    def _run_slot(self, env: Arc3Env, slot: ScheduledSlot, journal: EventLog,
+                  partial: list[Event]) -> None:
+        source = slot.source
+        level = source.level(slot.task_id, slot.visit)
+        baseline = source.baseline(slot.task_id, level)
+        if slot.wipe_before and not partial:
+            self.state.wipe()
+        start = self._engine(journal, slot, lambda: env.start(slot.task_id, level))
+        protocol = LevelProtocol(slot.task_id, level, baseline, start, self.limits.max_malformed)
+        self.player.begin(slot.task_id, level, start)
+        step_no = 0
+        if partial:
+            protocol = self._replay(env, slot, protocol, partial, journal)
+            step_no = sum(e.type == "step" for e in partial)
+            journal.append(self._event("resumed", slot, step=step_no, cost=protocol.actions,
+                                       level=level, format=RECORDS_FORMAT), durable=False)
+        else:
+            journal.append(self._event("instance_start", slot, format=RECORDS_FORMAT, level=level,
+                                       wiped_before=slot.wipe_before), durable=False)
+        began = time.monotonic()
+        deadline = began + self.limits.wall_clock_s
+        most = protocol.cap + self.limits.max_malformed + EXTRA_TURNS
+        try:
+            while not protocol.over and step_no < most:
+                if time.monotonic() > deadline:
+                    protocol.expire(f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded",
+                                    "wall-clock")
+                    break
+                action = self.player.choose(protocol.current)
+                applied = copy.copy(protocol)  # adopted once its event is on disk
+                answer = applied.check(action)
+                observation = None
+                if answer is None:
+                    observation = self._engine(journal, slot, lambda: env.act(action))
+                    acted = applied.played(observation)
+                    outcome, message = "played", None
+                else:
+                    outcome = "malformed" if isinstance(answer, MalformedReply) else "refused"
+                    message = answer.reason
+                journal.append(self._event(
+                    "step", slot, step=step_no + 1,
+                    action=action_json(action) if isinstance(action, Arc3Action) else {"malformed": action.reason},
+                    outcome=outcome, message=message, cost=applied.actions, malformed=applied.malformed,
+                    over=applied.over,
+                    note=None if observation is None else {
+                        "frame": frame_digest(observation), "state": observation.state,
+                        "levels_completed": observation.levels_completed}))
+                protocol = applied
+                step_no += 1
+                if observation is not None:
+                    self.player.observe(action, observation)
+                    if acted.completed:
+                        self.player.completed(slot.task_id, level)
+            if not protocol.over:
+                protocol.expire(f"{step_no} turns without completing the level or reaching its cap",
+                                "no-verdict")
+        except (RecordsUnwritable, ReplayMismatch, InfrastructureFault):
+            raise
+        except Exception as exc:  # the player's bug fails the level, charged in full
+            log.error("arc3_level_error", cell=self.cell.cell, slot=slot.index, exc_info=exc)
+            journal.append(self._event("learner_error", slot, error=f"{type(exc).__name__}: {exc}"[:2000],
+                                       failure_kind="learner-error"))
+            protocol.expire(f"{type(exc).__name__}: {exc}"[:300], "learner-error")
+        charge = protocol.charge
+        self.paths.transcript(slot.index).write_text(json.dumps(
+            {"game": slot.task_id, "level": level, "baseline": baseline, "actions": protocol.actions,
+             "path": [action_json(a) for a in getattr(self.player, "path", [])]}, indent=1))
+        self.state.snapshot(self.paths.snapshot(slot.index))
+        journal.append(self._event(
+            "instance_end", slot, status=protocol.status.value, cost=charge.cost, budget=charge.cap,
+            level=level, reason=protocol.failure_reason, failure_kind=protocol.failure_kind,
+            malformed=protocol.malformed, demos_used=0, attempts_used=0,
+            wall_s=round(time.monotonic() - began, 4), model_calls=0, prompt_tokens=0,
+            completion_tokens=0, model_s=0.0, cost_usd=0.0))
+
+
+def is_arc3(grid: GridConfig) -> bool:
+    return grid.track.name == "arc3"

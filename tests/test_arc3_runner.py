@@ -1,0 +1,194 @@
+"""The arc3 cell runner on the tiny deterministic game behind the engine interface
+(`tests/arc3_fake.py`): records, charges, the library twin's return, wipes, exact resume. The same
+runner drives the real engine container in tests/test_arc3_engine.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analysis.report import load_run
+from orchestrator.analysis.measures import instances_frame
+from orchestrator.records import read_events
+from orchestrator.run.arc3_runner import Arc3CellRunner, ReplayMismatch
+from orchestrator.run.grid_config import GridFileError, load_grid
+from tests.arc3_fake import FakeGame
+
+GRID = """\
+name: arc3-fake
+seed: 3
+track: {{name: arc3, environments_dir: games, visits: {visits}}}
+orders: [sequential]
+efforts: [low]
+learners: [arc3-explorer, arc3-library, {{learner: arc3-library, row: wiped}}]
+"""
+
+
+@pytest.fixture
+def grid_path(tmp_path) -> Path:
+    meta = tmp_path / "games" / "fake" / "0001"
+    meta.mkdir(parents=True)
+    (meta / "metadata.json").write_text(json.dumps({"game_id": "fake-0001", "title": "Fake",
+                                                     "baseline_actions": [2, 3, 4]}))
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID.format(visits=6))
+    return path
+
+
+def run_cell(grid_path: Path, run: Path, learner_index: int, game: FakeGame | None = None) -> Path:
+    grid = load_grid(grid_path)
+    cell = grid.cells()[learner_index]
+    folder = run / "cells" / cell.cell
+    Arc3CellRunner(grid, cell, folder, env_factory=lambda: game or FakeGame()).run()
+    return folder
+
+
+def ends(folder: Path) -> list:
+    return [e for e in read_events(folder / "events.jsonl") if e.type == "instance_end"]
+
+
+def test_a_stream_of_levels_is_charged_against_five_times_each_baseline(grid_path, tmp_path):
+    folder = run_cell(grid_path, tmp_path / "run", 0)
+    done = ends(folder)
+    assert [(e.task, e.visit, e.level) for e in done] == [("fake-0001", v, v % 3) for v in range(6)]
+    assert [e.budget for e in done] == [10, 15, 20, 10, 15, 20]
+    steps = [e for e in read_events(folder / "events.jsonl") if e.type == "step"]
+    for end in done:
+        mine = [s for s in steps if s.slot == end.slot]
+        played = sum(s.outcome == "played" for s in mine)
+        assert end.cost == (played if end.status == "solved" else end.budget)
+        assert [s.cost for s in mine if s.outcome == "played"] == list(range(1, played + 1))
+
+
+def test_the_library_twin_returns_cheaper_and_its_wiped_row_does_not(grid_path, tmp_path):
+    library = ends(run_cell(grid_path, tmp_path / "run", 1))
+    wiped = ends(run_cell(grid_path, tmp_path / "run", 2))
+    for k in range(3):
+        first, second = library[k], library[k + 3]
+        if first.status == "solved":
+            assert second.status == "solved" and second.cost <= first.cost
+    assert all(e.status for e in wiped)
+    starts = [e for e in read_events(tmp_path / "run" / "cells" / "arc3-library-wiped.low.sequential.s3"
+                                     / "events.jsonl") if e.type == "instance_start"]
+    assert all(e.wiped_before for e in starts)
+
+
+def test_the_analysis_scores_a_level_as_its_share_of_its_own_budget(grid_path, tmp_path):
+    run_cell(grid_path, tmp_path / "run", 0)
+    cells, events = load_run(tmp_path / "run")
+    frame = instances_frame(events, cells)
+    assert (frame["share"] == frame["cost"] / frame["budget"]).all()
+    assert set(frame["budget"]) == {10, 15, 20} and frame["level"].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+class Killed(BaseException):
+    """A kill: nothing of the runner runs after it (as SIGKILL)."""
+
+
+class KilledAfter(FakeGame):
+    """Killed after `n` actions."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def act(self, action):
+        if self.n == 0:
+            raise Killed()
+        self.n -= 1
+        return super().act(action)
+
+
+def test_a_run_killed_mid_level_resumes_exactly_without_charging_twice(grid_path, tmp_path):
+    whole = ends(run_cell(grid_path, tmp_path / "whole", 1))
+    run = tmp_path / "killed"
+    for n in (4, 7, 3):  # killed three times, each inside a level
+        with pytest.raises(Killed):
+            run_cell(grid_path, run, 1, KilledAfter(n))
+    folder = run_cell(grid_path, run, 1)
+    resumed = ends(folder)
+    assert [(e.slot, e.status, e.cost, e.level) for e in resumed] == \
+        [(e.slot, e.status, e.cost, e.level) for e in whole]
+    events = read_events(folder / "events.jsonl")
+    # a kill may come while a resumed level replays its actions (the engine is asked again), before
+    # its `resumed` record
+    assert 1 <= sum(e.type == "resumed" for e in events) <= 3
+    for end in resumed:
+        steps = [s.step for s in events if s.slot == end.slot and s.type == "step"]
+        assert steps == list(range(1, len(steps) + 1))  # no gap, no repeat
+
+
+class Failing(FakeGame):
+    """An engine that fails (a container gone) once, after `n` actions."""
+
+    def __init__(self, n: int, failed: list):
+        super().__init__()
+        self.n, self.failed = n, failed
+
+    def act(self, action):
+        if self.n == 0 and not self.failed:
+            self.failed.append(True)
+            raise ConnectionError("engine container gone")
+        self.n -= 1
+        return super().act(action)
+
+
+def test_an_engine_failure_is_not_charged_and_the_level_continues_on_a_fresh_engine(grid_path, tmp_path):
+    whole = ends(run_cell(grid_path, tmp_path / "whole", 1))
+    failed: list = []
+    grid = load_grid(grid_path)
+    cell = grid.cells()[1]
+    folder = tmp_path / "run" / "cells" / cell.cell
+    Arc3CellRunner(grid, cell, folder, env_factory=lambda: Failing(5, failed)).run()
+    events = read_events(folder / "events.jsonl")
+    assert failed and [e.type for e in events].count("infrastructure_fault") == 1
+    assert [(e.status, e.cost) for e in ends(folder)] == [(e.status, e.cost) for e in whole]
+    assert not any(e.type == "learner_error" for e in events)
+
+
+def test_a_game_that_answers_otherwise_on_resume_is_named_not_scored(grid_path, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        run_cell(grid_path, run, 0, KilledAfter(2))
+
+    class Shifted(FakeGame):  # another board: the logged frames do not come back
+        def goal(self):
+            return (self.level + 3, 0)
+    with pytest.raises(ReplayMismatch, match="not deterministic"):
+        run_cell(grid_path, run, 0, Shifted())
+
+
+def test_an_arc3_grid_names_what_is_wrong(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text("name: x\ntrack: {name: arc3, environments_dir: games, epilogue: 3}\n"
+                    "learners: [arc3-explorer]\n")
+    with pytest.raises(GridFileError, match="track arc3 has no held-out epilogue"):
+        load_grid(path)
+    path.write_text("name: x\ntrack: {name: arc3, environments_dir: games}\nlearners: [stateless-floor]\n")
+    with pytest.raises(GridFileError, match="stateless-floor plays own, arc1, arc2, not track arc3"):
+        load_grid(path)
+    path.write_text("name: x\ntrack: {name: own}\nlearners: [arc3-library]\n")
+    with pytest.raises(GridFileError, match="arc3-library plays arc3, not track own"):
+        load_grid(path)
+
+
+def test_the_report_has_the_arc3_levels_with_the_retention_view(grid_path, tmp_path):
+    from orchestrator.analysis.report import write_report
+    run = tmp_path / "run"
+    for k in range(3):
+        run_cell(grid_path, run, k)
+    (run / "grid.yaml").write_text(grid_path.read_text())
+    text = write_report(run, resamples=200).read_text()
+    section = text.split("## ARC-AGI-3 levels", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| arc3")}
+    assert set(rows) == {"arc3-explorer.low.sequential.s3", "arc3-library.low.sequential.s3",
+                         "arc3-library-wiped.low.sequential.s3"}, section
+    header = next(line for line in section.splitlines() if line.startswith("| cell"))
+    library = dict(zip([c.strip() for c in header.strip("|").split("|")],
+                       rows["arc3-library.low.sequential.s3"]))
+    assert library["levels"] == "6" and library["levels met twice"] == "3", library
+    # the twin's second meetings replay what won the first: cheaper, on this deterministic game
+    assert library["2nd minus 1st (points)"].startswith("-"), library
