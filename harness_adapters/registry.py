@@ -45,6 +45,7 @@ class Registered:
     rows: tuple[str, ...]
     parser: str = GENERIC_PARSER  # the stores inspector's parser class
     tracks: tuple[str, ...] = GRID_TRACKS  # the tracks it can play
+    arc3: str | None = None  # "module:Class" of its arc3 player, where that is another class
 
     @property
     def module(self) -> str:
@@ -88,8 +89,11 @@ def _load(path: Path, mtime_ns: int) -> dict[str, Registered]:
         tracks = entry.get("tracks", list(GRID_TRACKS))
         if not isinstance(tracks, list) or not tracks or not all(t in ALL_TRACKS for t in tracks):
             raise RegistryError(f"{path}: {name}.tracks: expected a list of {', '.join(ALL_TRACKS)}")
+        arc3 = entry.get("arc3")
+        if arc3 is not None and (not isinstance(arc3, str) or ":" not in arc3):
+            raise RegistryError(f"{path}: {name}.arc3: expected `module:Class`, got {arc3!r}")
         out[name] = Registered(name, kind, target, tuple(rows), entry.get("parser") or GENERIC_PARSER,
-                               tuple(tracks))
+                               tuple(tracks), arc3)
     return out
 
 
@@ -112,6 +116,15 @@ def entry(name: str, path: Path = REGISTRY) -> Registered:
 def learner_class(name: str) -> type:
     """A ladder learner's class."""
     return entry(name).load()
+
+
+def arc3_class(name: str) -> type:
+    """The class that plays arc3 for a learner: its `arc3` entry, or its own class (a player
+    made for arc3 only)."""
+    registered = entry(name)
+    if "arc3" not in registered.tracks:
+        raise RegistryError(f"{REGISTRY.name}: {name} does not play arc3")
+    return load(registered.arc3 or registered.target, f"{name}: arc3")
 
 
 def adapter(name: str) -> "HarnessAdapter":

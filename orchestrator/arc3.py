@@ -13,6 +13,7 @@ container; `Arc3Env` is what the orchestrator needs of it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -258,3 +259,64 @@ def render_change(before: tuple[tuple[int, ...], ...], after: tuple[tuple[int, .
     if len(changed) > most:
         return f"{len(changed)} cells changed"
     return "changed: " + ", ".join(f"({x},{y}) {HEX[a]}->{HEX[b]}" for x, y, a, b in changed)
+
+
+# ----- the conversation: what a model-driven learner is told, and how a model reads it back -----
+
+RULES = """\
+You are playing an ARC-AGI-3 game: a turn-based game on a 64x64 grid of colours 0-15 whose rules
+you discover by playing. Each level is won by reaching its goal; the game says when a level is
+completed. Reply with exactly one JSON action per reply, and nothing else is needed:
+  {"action": "ACTION1"} ... {"action": "ACTION5"}, {"action": "ACTION7"}   (what each does is the game's)
+  {"action": "ACTION6", "x": X, "y": Y}   (a click on column X, row Y, both 0-63)
+  {"action": "RESET"}   (restart the current level)
+Every action costs one, RESET included. A level is charged its actions against 5 times the human
+baseline; a level not completed within that is failed and charged in full. Only the actions listed
+as available may be taken; a reply without a valid action costs nothing and is answered with why."""
+
+OBSERVATION_HEAD = "ARC-AGI-3 game"
+FRAME_HEAD = "Frame (64 rows of 64 hex digits, row 0 first; x is the column, y the row):"
+
+
+def render_observation(game_id: str, level: int, observation: Observation, actions: int, cap: int,
+                       baseline: int, last: str | None = None) -> str:
+    """One user turn: where the learner is, its counts, what the last action did, the frame."""
+    available = ["RESET"] + [ACTIONS[a] + (" (x, y)" if ACTIONS[a] == COMPLEX else "")
+                             for a in observation.available_actions if 0 < a < len(ACTIONS)]
+    lines = [f"{OBSERVATION_HEAD} {game_id}, level {level} (0-based) of {observation.win_levels}.",
+             f"Actions used: {actions} of {cap} (5 x the human baseline {baseline}).",
+             f"State: {observation.state}. Levels completed: {observation.levels_completed} of "
+             f"{observation.win_levels}.",
+             f"Available: {', '.join(available)}."]
+    if last:
+        lines.append(f"Last action: {last}.")
+    frame = observation.frames[-1] if observation.frames else ()
+    return "\n".join(lines + [FRAME_HEAD, render_frame(frame)])
+
+
+_GAME = re.compile(rf"^{OBSERVATION_HEAD} (\S+), level (\d+) \(0-based\) of (\d+)\.$", re.M)
+_STATE = re.compile(r"^State: (\w+)\. Levels completed: (\d+) of (\d+)\.$", re.M)
+_AVAILABLE = re.compile(r"^Available: (.*)\.$", re.M)
+
+
+def read_observation(text: str) -> tuple[str, int, Observation] | None:
+    """(game id, level, observation) from a user turn `render_observation` wrote; None if it is
+    not one (forgiving: a model reads what it can)."""
+    game, state, available = _GAME.search(text), _STATE.search(text), _AVAILABLE.search(text)
+    if not (game and state and available) or FRAME_HEAD not in text:
+        return None
+    rows = text.split(FRAME_HEAD, 1)[1].strip().splitlines()[:SIDE]
+    try:
+        frame = tuple(tuple(HEX.index(c) for c in row.strip()) for row in rows)
+    except ValueError:
+        return None
+    if not frame or any(len(r) != len(frame[0]) for r in frame):
+        return None
+    numbers = []
+    for name in available.group(1).split(","):
+        name = name.strip().split(" ")[0]
+        if name in ACTIONS:
+            numbers.append(ACTIONS.index(name))
+    observation = Observation(game.group(1), (frame,), state.group(1), int(state.group(2)),
+                              int(state.group(3)), tuple(n for n in numbers if n))
+    return game.group(1), int(game.group(2)), observation

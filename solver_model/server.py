@@ -50,6 +50,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from solver_model.arc3_play import arc3_reply, is_arc3
 from solver_model.agent import ToolCall, act
 from solver_model.conversation import message_text, read_conversation
 from solver_model.policy import SearchFn, reply
@@ -249,8 +250,13 @@ def answer_conversation(messages: Sequence[Mapping[str, Any]], effort: str, extr
     """Read the conversation and run the policy, or the agent when `tools` are offered
     (CPU-bound: called in a worker thread)."""
     start = time.perf_counter()
-    state = read_conversation(messages)
     calls: tuple[ToolCall, ...] = ()
+    if not tools and is_arc3(messages):  # a game level: one action per reply (solver_model/arc3_play.py)
+        text = arc3_reply(messages, effort, seed)
+        prompt = [message_text(m.get("content")) for m in messages]
+        return Answer(text, effort, "arc3", None, (time.perf_counter() - start) * 1000,
+                      sum(count_tokens(p) for p in prompt))
+    state = read_conversation(messages)
     if tools:
         acted = act(messages, tools, effort, search, seed, state)
         text, program, calls = acted.text or "", acted.program_description, acted.calls

@@ -166,8 +166,9 @@ def test_an_arc3_grid_names_what_is_wrong(tmp_path):
                     "learners: [arc3-explorer]\n")
     with pytest.raises(GridFileError, match="track arc3 has no held-out epilogue"):
         load_grid(path)
-    path.write_text("name: x\ntrack: {name: arc3, environments_dir: games}\nlearners: [stateless-floor]\n")
-    with pytest.raises(GridFileError, match="stateless-floor plays own, arc1, arc2, not track arc3"):
+    path.write_text("name: x\ntrack: {name: arc3, environments_dir: games}\nlearners: [demo-cache-floor]\n")
+    with pytest.raises(GridFileError, match="demo-cache-floor plays own, arc1, arc2, not track arc3 "
+                                            r"\(which stateless-floor, arc3-explorer, arc3-library play\)"):
         load_grid(path)
     path.write_text("name: x\ntrack: {name: own}\nlearners: [arc3-library]\n")
     with pytest.raises(GridFileError, match="arc3-library plays arc3, not track own"):
@@ -192,3 +193,31 @@ def test_the_report_has_the_arc3_levels_with_the_retention_view(grid_path, tmp_p
     assert library["levels"] == "6" and library["levels met twice"] == "3", library
     # the twin's second meetings replay what won the first: cheaper, on this deterministic game
     assert library["2nd minus 1st (points)"].startswith("-"), library
+
+
+# ----- the stateless floor: the bare model, through the cell's journaling proxy -----
+
+def test_the_stateless_floor_plays_through_the_embedded_model_and_the_proxy(grid_path, tmp_path):
+    from orchestrator.run.grid_run import model_service
+    from proxy.journal import read_journal
+    path = tmp_path / "floor.yaml"
+    path.write_text(GRID.format(visits=3).replace(
+        "learners: [arc3-explorer, arc3-library, {learner: arc3-library, row: wiped}]",
+        "learners: [stateless-floor]"))
+    from orchestrator.run.grid_run import open_run, run_grid_path
+    run = open_run(path, tmp_path / "runs", "floor")
+    grid = load_grid(run_grid_path(run))
+    cell = grid.cells()[0]
+    folder = run / "cells" / cell.cell
+    with model_service(grid, tmp_path / "logs") as urls:
+        Arc3CellRunner(grid, cell, folder, env_factory=FakeGame, model_base_url=urls[0]).run()
+    events = read_events(folder / "events.jsonl")
+    done = [e for e in events if e.type == "instance_end"]
+    steps = [e for e in events if e.type == "step"]
+    assert len(done) == 3 and all(e.model_calls >= 1 for e in done)
+    assert all(s.reply and s.reply.startswith('{"action"') for s in steps)
+    assert sum(e.model_calls for e in done) == len(steps)  # one call per action
+    calls = [j for j in read_journal(folder / "journal") if j.slot is not None]
+    assert len(calls) == len(steps) and {j.slot for j in calls} == {0, 1, 2}
+    conversation = json.loads((folder / "transcripts").glob("*").__next__().read_text())["conversation"]
+    assert conversation[0]["role"] == "system" and "ARC-AGI-3" in conversation[0]["content"]

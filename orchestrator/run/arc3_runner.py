@@ -24,15 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from contextlib import ExitStack
+
 import structlog
 
 from harness_adapters import registry
+from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc3 import (COMPLEX, Arc3Action, Arc3Env, LevelProtocol, Observation,
                                parse_arc3_action)
 from orchestrator.protocol import Malformed, MalformedReply
 from orchestrator.records import (RECORDS_FORMAT, CellFence, CellPaths, Event, EventLog,
                                   RecordsUnwritable, read_events, truncate_torn_tail)
-from orchestrator.run.cell_services import HostStateDir
+from orchestrator.run.cell_services import HostStateDir, cell_services
 from orchestrator.run.grid_config import Cell, GridConfig
 from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, InfrastructureFault
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
@@ -74,6 +77,7 @@ class Arc3CellRunner:
     env_factory: Callable[[], Arc3Env] | None = None  # default: the cell's engine container
     progress: Callable[[int, int], None] = lambda done, total: None
     fence: CellFence | None = None
+    model_base_url: str | None = None  # the model a model-driven player calls (through the cell's proxy)
 
     def __post_init__(self) -> None:
         self.paths = CellPaths(self.cell_dir)
@@ -113,10 +117,26 @@ class Arc3CellRunner:
         truncate_torn_tail(self.paths.events)
         events = read_events(self.paths.events)
         finished = {e.slot for e in events if e.type == "instance_end"}
-        self.state = HostStateDir(self.paths.state)
-        player_class = registry.learner_class(self.cell.learner)
-        self.player = player_class(self.paths.state, self.cell.effort,
-                                   derive_seed(self.cell.seed, "arc3-player", self.cell.label))
+        player_class = registry.arc3_class(self.cell.learner)
+        seed = derive_seed(self.cell.seed, "arc3-player", self.cell.label)
+        with ExitStack() as stack:
+            self.services = None
+            if getattr(player_class, "uses_model", False):  # its calls pass the cell's journaling proxy
+                if self.model_base_url is None:
+                    raise ValueError(f"{self.cell.learner} on arc3 needs a model; none was given to the cell")
+                self.services = stack.enter_context(cell_services(self.grid, self.cell, self.cell_dir,
+                                                                  self.model_base_url))
+                endpoint = self.grid.model.endpoint_for(self.cell.effort, self.services.model_base_url)
+                if self.services.proxy is not None:  # the proxy injects the real key; the player has none
+                    endpoint = endpoint.model_copy(update={"api_key_env": ""})
+                self.state = self.services.state
+                self.player = player_class(self.paths.state, self.cell.effort, seed, model=ChatModel(endpoint))
+            else:
+                self.state = HostStateDir(self.paths.state)
+                self.player = player_class(self.paths.state, self.cell.effort, seed)
+            self._play(schedule, events, finished)
+
+    def _play(self, schedule: list[ScheduledSlot], events: list[Event], finished: set[int]) -> None:
         try:
             env = self.env_factory() if self.env_factory is not None else open_engine(
                 self.grid, self.cell, self.cell_dir)
@@ -158,18 +178,25 @@ class Arc3CellRunner:
         for event in (e for e in partial if e.type == "step"):
             data = event.action or {}
             if "malformed" in data:
+                if getattr(self.player, "uses_model", False):
+                    self.player.replay_reply(event.reply or "")
                 protocol.check(Malformed(data["malformed"]))
+                self.player.told(event.message or data["malformed"], protocol.current)
                 continue
             action = parse_arc3_action(data)
             if isinstance(action, Malformed):
                 raise ReplayMismatch(f"{self.paths.events}: slot {slot.index} step {event.step}: "
                                      f"the logged action does not parse ({action.reason})")
-            chosen = self.player.choose(protocol.current)
-            if chosen != action:
-                log.warning("arc3_replay_choice_differs", cell=self.cell.cell, slot=slot.index,
-                            step=event.step, logged=action_json(action), chosen=action_json(chosen))
+            if getattr(self.player, "uses_model", False):  # its conversation back, not a new call
+                self.player.replay_reply(event.reply or json.dumps(action_json(action)))
+            else:
+                chosen = self.player.choose(protocol.current)
+                if chosen != action:
+                    log.warning("arc3_replay_choice_differs", cell=self.cell.cell, slot=slot.index,
+                                step=event.step, logged=action_json(action), chosen=action_json(chosen))
             if event.outcome != "played":
                 protocol.check(action)
+                self.player.told(event.message or "", protocol.current)
                 continue
             observation = self._engine(journal, slot, lambda: env.act(action))
             digest = (event.note or {}).get("frame")
@@ -192,18 +219,25 @@ class Arc3CellRunner:
             self.state.wipe()
         start = self._engine(journal, slot, lambda: env.start(slot.task_id, level))
         protocol = LevelProtocol(slot.task_id, level, baseline, start, self.limits.max_malformed)
-        self.player.begin(slot.task_id, level, start)
+        began = time.monotonic()
+        deadline = began + self.limits.wall_clock_s
+        self.player.deadline = deadline  # a model call is cut at the level's wall clock
+        self.player.begin(slot.task_id, level, start, baseline=baseline, cap=protocol.cap)
+        if self.services is not None:
+            self.services.set_slot(slot.index, "before")
+        usage = Usage()
         step_no = 0
         if partial:
             protocol = self._replay(env, slot, protocol, partial, journal)
             step_no = sum(e.type == "step" for e in partial)
+            for e in (e for e in partial if e.type == "step"):
+                usage = usage + Usage(e.model_calls or 0, e.prompt_tokens or 0, e.completion_tokens or 0,
+                                      e.model_s or 0.0, e.cost_usd or 0.0)
             journal.append(self._event("resumed", slot, step=step_no, cost=protocol.actions,
                                        level=level, format=RECORDS_FORMAT), durable=False)
         else:
             journal.append(self._event("instance_start", slot, format=RECORDS_FORMAT, level=level,
                                        wiped_before=slot.wipe_before), durable=False)
-        began = time.monotonic()
-        deadline = began + self.limits.wall_clock_s
         most = protocol.cap + self.limits.max_malformed + EXTRA_TURNS
         try:
             while not protocol.over and step_no < most:
@@ -212,6 +246,8 @@ class Arc3CellRunner:
                                     "wall-clock")
                     break
                 action = self.player.choose(protocol.current)
+                spent = getattr(self.player, "usage", None) or Usage()
+                reply = getattr(self.player, "last_text", None)
                 applied = copy.copy(protocol)  # adopted once its event is on disk
                 answer = applied.check(action)
                 observation = None
@@ -226,37 +262,54 @@ class Arc3CellRunner:
                     "step", slot, step=step_no + 1,
                     action=action_json(action) if isinstance(action, Arc3Action) else {"malformed": action.reason},
                     outcome=outcome, message=message, cost=applied.actions, malformed=applied.malformed,
-                    over=applied.over,
+                    over=applied.over, reply=reply, model_calls=spent.calls,
+                    prompt_tokens=spent.prompt_tokens, completion_tokens=spent.completion_tokens,
+                    model_s=round(spent.seconds, 4), cost_usd=spent.usd,
                     note=None if observation is None else {
                         "frame": frame_digest(observation), "state": observation.state,
                         "levels_completed": observation.levels_completed}))
                 protocol = applied
                 step_no += 1
+                usage = usage + spent
                 if observation is not None:
                     self.player.observe(action, observation)
                     if acted.completed:
                         self.player.completed(slot.task_id, level)
+                else:
+                    self.player.told(message or "", protocol.current)
+                if protocol.over and self.services is not None:
+                    self.services.set_slot(slot.index, "after")
             if not protocol.over:
                 protocol.expire(f"{step_no} turns without completing the level or reaching its cap",
                                 "no-verdict")
         except (RecordsUnwritable, ReplayMismatch, InfrastructureFault):
             raise
+        except ModelUnavailable as exc:
+            journal.append(self._event("learner_error", slot, error=f"model unavailable: {exc}"[:2000],
+                                       failure_kind="model-unavailable"))
+            protocol.expire(f"model unavailable: {exc}"[:300], "model-unavailable")
         except Exception as exc:  # the player's bug fails the level, charged in full
             log.error("arc3_level_error", cell=self.cell.cell, slot=slot.index, exc_info=exc)
             journal.append(self._event("learner_error", slot, error=f"{type(exc).__name__}: {exc}"[:2000],
                                        failure_kind="learner-error"))
             protocol.expire(f"{type(exc).__name__}: {exc}"[:300], "learner-error")
         charge = protocol.charge
-        self.paths.transcript(slot.index).write_text(json.dumps(
-            {"game": slot.task_id, "level": level, "baseline": baseline, "actions": protocol.actions,
-             "path": [action_json(a) for a in getattr(self.player, "path", [])]}, indent=1))
+        transcript = {"game": slot.task_id, "level": level, "baseline": baseline, "actions": protocol.actions}
+        if hasattr(self.player, "transcript"):
+            transcript["conversation"] = self.player.transcript()
+        else:
+            transcript["path"] = [action_json(a) for a in getattr(self.player, "path", [])]
+        self.paths.transcript(slot.index).write_text(json.dumps(transcript, indent=1))
         self.state.snapshot(self.paths.snapshot(slot.index))
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=charge.cost, budget=charge.cap,
             level=level, reason=protocol.failure_reason, failure_kind=protocol.failure_kind,
             malformed=protocol.malformed, demos_used=0, attempts_used=0,
-            wall_s=round(time.monotonic() - began, 4), model_calls=0, prompt_tokens=0,
-            completion_tokens=0, model_s=0.0, cost_usd=0.0))
+            wall_s=round(time.monotonic() - began, 4), model_calls=usage.calls,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            model_s=round(usage.seconds, 4), cost_usd=usage.usd))
+        if self.services is not None:
+            self.services.set_slot(None, "between")
 
 
 def is_arc3(grid: GridConfig) -> bool:

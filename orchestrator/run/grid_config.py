@@ -268,9 +268,9 @@ class GridConfig(_Strict):
         for i, entry in enumerate(self.learners):
             tracks = registry.entry(entry.learner).tracks
             if self.track.name not in tracks:
+                players = [n for n, e in registry.learners().items() if self.track.name in e.tracks]
                 found.append((("learners", i), f"{entry.learner} plays {', '.join(tracks)}, not track "
-                              f"{self.track.name}" + (" (on arc3: arc3-explorer, arc3-library)"
-                                                      if self.track.name == "arc3" else "")))
+                              f"{self.track.name} (which {', '.join(players)} play)"))
         for i, entry in enumerate(self.learners):
             if entry.learner not in HARNESSES:
                 continue  # the ladder speaks every API
