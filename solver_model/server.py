@@ -251,7 +251,7 @@ def answer_conversation(messages: Sequence[Mapping[str, Any]], effort: str, extr
     (CPU-bound: called in a worker thread)."""
     start = time.perf_counter()
     calls: tuple[ToolCall, ...] = ()
-    if not tools and is_arc3(messages):  # a game level: one action per reply (solver_model/arc3_play.py)
+    if is_arc3(messages):  # a game level: one action per reply, tools or not (solver_model/arc3_play.py)
         text = arc3_reply(messages, effort, seed)
         prompt = [message_text(m.get("content")) for m in messages]
         return Answer(text, effort, "arc3", None, (time.perf_counter() - start) * 1000,

@@ -221,3 +221,25 @@ def test_the_stateless_floor_plays_through_the_embedded_model_and_the_proxy(grid
     assert len(calls) == len(steps) and {j.slot for j in calls} == {0, 1, 2}
     conversation = json.loads((folder / "transcripts").glob("*").__next__().read_text())["conversation"]
     assert conversation[0]["role"] == "system" and "ARC-AGI-3" in conversation[0]["content"]
+
+
+def test_a_cell_stops_at_its_dollar_cap_before_a_level_and_continues_when_raised(grid_path, tmp_path):
+    from orchestrator.run.grid_run import model_service, open_run, run_grid_path, set_usd_per_cell
+    path = tmp_path / "floor.yaml"
+    path.write_text(GRID.format(visits=3).replace(
+        "learners: [arc3-explorer, arc3-library, {learner: arc3-library, row: wiped}]",
+        "learners: [stateless-floor]\nmodel: {endpoint: embedded, name: carc-solver, "
+        "input_usd_per_mtok: 1000, output_usd_per_mtok: 1000}\nlimits: {usd_per_cell: 0.0001}"))
+    run = open_run(path, tmp_path / "runs", "capped")
+    grid = load_grid(run_grid_path(run))
+    cell = grid.cells()[0]
+    folder = run / "cells" / cell.cell
+    with model_service(grid, tmp_path / "logs") as urls:
+        runner = Arc3CellRunner(grid, cell, folder, env_factory=FakeGame, model_base_url=urls[0])
+        assert runner.run() == "stopped"
+        events = read_events(folder / "events.jsonl")
+        assert events[-1].type == "stopped" and len(ends(folder)) == 1
+        set_usd_per_cell(run, 1000.0)
+        grid = load_grid(run_grid_path(run))
+        assert Arc3CellRunner(grid, cell, folder, env_factory=FakeGame, model_base_url=urls[0]).run() == "done"
+    assert [e.slot for e in ends(folder)] == [0, 1, 2]

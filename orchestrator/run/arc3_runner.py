@@ -29,6 +29,7 @@ from contextlib import ExitStack
 import structlog
 
 from harness_adapters import registry
+from harness_adapters.arc3_harness import Arc3Harness
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc3 import (COMPLEX, Arc3Action, Arc3Env, LevelProtocol, Observation,
                                parse_arc3_action)
@@ -36,10 +37,11 @@ from orchestrator.protocol import Malformed, MalformedReply
 from orchestrator.records import (RECORDS_FORMAT, CellFence, CellPaths, Event, EventLog,
                                   RecordsUnwritable, read_events, truncate_torn_tail)
 from orchestrator.run.cell_services import HostStateDir, cell_services
-from orchestrator.run.grid_config import Cell, GridConfig
-from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, InfrastructureFault
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
+from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellStopped, InfrastructureFault, SpendMeter
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import derive_seed
+from proxy.journal import JOURNAL_FILE, JournalTail
 
 log = structlog.get_logger("carc.arc3")
 
@@ -85,6 +87,7 @@ class Arc3CellRunner:
             folder.mkdir(parents=True, exist_ok=True)
         self.cell.record().write(self.paths.settings)
         self.limits = self.grid.limits.limits()
+        self.journal_tail: JournalTail | None = None
 
     def run(self) -> str:
         lock = open(self.paths.lock, "w")
@@ -102,6 +105,9 @@ class Arc3CellRunner:
                 try:
                     self._run()
                     return "done"
+                except CellStopped as exc:
+                    log.warning("cell_stopped", cell=self.cell.cell, reason=str(exc))
+                    return "stopped"
                 except InfrastructureFault as exc:
                     if restart == INFRASTRUCTURE_RESTARTS:
                         raise InfrastructureFault(
@@ -117,10 +123,20 @@ class Arc3CellRunner:
         truncate_torn_tail(self.paths.events)
         events = read_events(self.paths.events)
         finished = {e.slot for e in events if e.type == "instance_end"}
-        player_class = registry.arc3_class(self.cell.learner)
         seed = derive_seed(self.cell.seed, "arc3-player", self.cell.label)
         with ExitStack() as stack:
             self.services = None
+            if self.cell.learner in HARNESSES:  # its own sandbox, volume and proxy, as on the grid tracks
+                if self.model_base_url is None:
+                    raise ValueError(f"{self.cell.learner} on arc3 needs a model; none was given to the cell")
+                self.services = stack.enter_context(cell_services(self.grid, self.cell, self.cell_dir,
+                                                                  self.model_base_url))
+                self.state = self.services.state
+                self.player = Arc3Harness(self.services.harness, self.cell.row)
+                stack.callback(self.player.close)
+                self._play(schedule, events, finished)
+                return
+            player_class = registry.arc3_class(self.cell.learner)
             if getattr(player_class, "uses_model", False):  # its calls pass the cell's journaling proxy
                 if self.model_base_url is None:
                     raise ValueError(f"{self.cell.learner} on arc3 needs a model; none was given to the cell")
@@ -147,10 +163,12 @@ class Arc3CellRunner:
                 if events:  # resuming: the state as it was after the last finished slot
                     done = [s for s in schedule if s.index in finished]
                     self.state.restore(self.paths.snapshot(done[-1].index) if done else None)
+                spend = SpendMeter(self.paths, self.services is not None and self.services.proxy is not None)
                 for position, slot in enumerate(schedule):
                     if slot.index in finished:
                         continue
                     partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                    self._check_limits(slot, spend, journal, started=bool(partial))
                     self._run_slot(env, slot, journal, partial)
                     self.progress(position + 1, len(schedule))
         finally:
@@ -160,6 +178,30 @@ class Arc3CellRunner:
         return Event(type=kind, cell=self.cell.cell, slot=slot.index, phase=slot.phase,
                      task=slot.task_id, visit=slot.visit, exposure=slot.exposure, t=time.time(),
                      **fields)
+
+    def _check_limits(self, slot: ScheduledSlot, spend: SpendMeter, journal: EventLog,
+                      started: bool) -> None:
+        """Before a level: stop the cell, recorded, once it has spent limits.usd_per_cell; a level
+        already begun (a resumed one) is finished first."""
+        cap = self.grid.limits.usd_per_cell
+        if cap is None or started:
+            return
+        spent = spend.total()
+        if spent >= cap:
+            reason = (f"limits.usd_per_cell: ${spent:.4f} spent of ${cap:.4f} before this level; "
+                      f"raise it and resume: carc grid run --resume {self.paths.run.root} --usd-per-cell X")
+            journal.append(self._event("stopped", slot, reason=reason, cost_usd=spent))
+            raise CellStopped(reason)
+
+    def _journal_usage(self, slot: int) -> Usage:
+        """The level's model calls as the cell's proxy journaled them."""
+        if self.journal_tail is None:
+            self.journal_tail = JournalTail(self.paths.journal / JOURNAL_FILE)
+        mine = [e for e in self.journal_tail.new_entries()
+                if e.slot == slot and not e.refused and e.api != "other"]
+        return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
+                     sum(e.completion_tokens or 0 for e in mine),
+                     sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
 
     def _engine(self, journal: EventLog, slot: ScheduledSlot, call: Callable[[], Observation]) -> Observation:
         """An engine call; its failure is the infrastructure's, never charged: the level is
@@ -178,7 +220,7 @@ class Arc3CellRunner:
         for event in (e for e in partial if e.type == "step"):
             data = event.action or {}
             if "malformed" in data:
-                if getattr(self.player, "uses_model", False):
+                if getattr(self.player, "uses_model", False) and not getattr(self.player, "resumes_fresh", False):
                     self.player.replay_reply(event.reply or "")
                 protocol.check(Malformed(data["malformed"]))
                 self.player.told(event.message or data["malformed"], protocol.current)
@@ -187,7 +229,9 @@ class Arc3CellRunner:
             if isinstance(action, Malformed):
                 raise ReplayMismatch(f"{self.paths.events}: slot {slot.index} step {event.step}: "
                                      f"the logged action does not parse ({action.reason})")
-            if getattr(self.player, "uses_model", False):  # its conversation back, not a new call
+            if getattr(self.player, "resumes_fresh", False):
+                pass  # a harness: a new conversation at the level's current frame, below
+            elif getattr(self.player, "uses_model", False):  # its conversation back, not a new call
                 self.player.replay_reply(event.reply or json.dumps(action_json(action)))
             else:
                 chosen = self.player.choose(protocol.current)
@@ -208,6 +252,9 @@ class Arc3CellRunner:
             self.player.observe(action, observation)
             if acted.completed:
                 self.player.completed(protocol.game_id, protocol.level)
+        if getattr(self.player, "resumes_fresh", False):
+            self.player.begin(protocol.game_id, protocol.level, protocol.current, baseline=protocol.baseline,
+                              cap=protocol.cap, actions=protocol.actions)
         return protocol
 
     def _run_slot(self, env: Arc3Env, slot: ScheduledSlot, journal: EventLog,
@@ -293,6 +340,14 @@ class Arc3CellRunner:
             journal.append(self._event("learner_error", slot, error=f"{type(exc).__name__}: {exc}"[:2000],
                                        failure_kind="learner-error"))
             protocol.expire(f"{type(exc).__name__}: {exc}"[:300], "learner-error")
+        if hasattr(self.player, "end_level"):  # a harness hears how the level went (it may store)
+            try:
+                self.player.end_level(protocol.status.value == "solved", protocol.actions)
+            except Exception as exc:
+                log.warning("arc3_end_level_error", cell=self.cell.cell, slot=slot.index, error=str(exc)[:500])
+                journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
+        if self.cell.learner in HARNESSES:  # a harness does not count its calls; the proxy does
+            usage = self._journal_usage(slot.index)
         charge = protocol.charge
         transcript = {"game": slot.task_id, "level": level, "baseline": baseline, "actions": protocol.actions}
         if hasattr(self.player, "transcript"):

@@ -18,7 +18,7 @@ from harness_adapters import registry
 from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
-from orchestrator.rows import label
+from orchestrator.rows import label, row
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 
 ARC3_GAMES_ENV = "CARC_ARC3_GAMES"
@@ -266,6 +266,9 @@ class GridConfig(_Strict):
                       for effort in dict.fromkeys(self.efforts)
                       if self.model.max_tokens <= ANTHROPIC_THINKING_BUDGET[effort]][:1]
         for i, entry in enumerate(self.learners):
+            if self.track.name == "arc3" and row(entry.row).program_procedure:
+                found.append((("learners", i), f"row {entry.row} asks for grid programs, which arc3 does "
+                              "not have; on arc3 use memory-on, memory-off or asked-to-store"))
             tracks = registry.entry(entry.learner).tracks
             if self.track.name not in tracks:
                 players = [n for n, e in registry.learners().items() if self.track.name in e.tracks]
