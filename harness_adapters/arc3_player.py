@@ -2,8 +2,9 @@
 
 `Explorer` (solver_model/arc3_explorer.py) explores what it observes, bounded by effort; honest
 about being weak. `LibraryPlayer` is its twin with a memory: it keeps the winning action sequence
-of each (game, level) in its state folder (`arc3-library.json`), the actions since the level's
-last start or RESET, and replays it first when the level comes back; where the replay does not
+of each (game, level) in its state folder (`arc3-library.json`): the fewest actions from the
+level's start to its winning move over the transitions it saw, and replays it first when the level
+comes back; where the replay does not
 complete the level (a game that is not deterministic) it explores as the explorer does.
 """
 
@@ -66,7 +67,7 @@ class LibraryPlayer(Explorer):
 
     def completed(self, game_id: str, level: int) -> None:
         library = self.library()
-        library[_key(game_id, level)] = [_to_json(a) for a in self.path]
+        library[_key(game_id, level)] = [_to_json(a) for a in self.shortest_win()]
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.library_path.with_name(LIBRARY_FILE + ".tmp")
         tmp.write_text(json.dumps(library, indent=1, sort_keys=True))

@@ -41,6 +41,10 @@ NODE_VERSION = "24.22.3"
 DEBIAN_SUITE = "bookworm"
 ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates", "procps")
 REGISTRY_BASE = "python:3.11-slim-bookworm"
+# A recipe may need another Debian release (the ARC-AGI-3 engine needs Python >= 3.12): its base
+# is that suite's rootfs, or that suite's registry image.
+REGISTRY_BASES = {DEBIAN_SUITE: REGISTRY_BASE, "trixie": "python:3.13-slim-trixie"}
+ARC3_ENGINE_PACKAGES = ("arc-agi==0.9.9", "arcengine==0.9.3")
 Base = Literal["auto", "registry", "offline"]
 
 
@@ -103,6 +107,24 @@ def wheelhouse(name: str, requirements: tuple[str, ...]) -> Path:
     # source-only packages into wheels, so the image installs with --no-index.
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(target), *requirements],
         what=f"building the wheelhouse for {name}")
+    (target / ".complete").write_text("\n".join(requirements) + "\n")
+    return target
+
+
+def binary_wheelhouse(name: str, requirements: tuple[str, ...], python: str) -> Path:
+    """A folder of binary wheels for `requirements` on CPython `python` (e.g. "3.13") for
+    x86-64 Linux, downloaded by the host's pip: for an image whose Python is not the host's
+    (host pip cannot build wheels for another Python; every package here ships wheels)."""
+    digest = hashlib.sha256("\n".join((python, *requirements)).encode()).hexdigest()[:12]
+    target = cache_dir() / "wheelhouse" / f"{name}-cp{python.replace('.', '')}-{digest}"
+    if (target / ".complete").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    platforms = [arg for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64",
+                               "manylinux_2_27_x86_64", "linux_x86_64") for arg in ("--platform", p)]
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version",
+         python, "--implementation", "cp", *platforms, "-d", str(target), *requirements],
+        what=f"downloading the wheels of {name} for Python {python}")
     (target / ".complete").write_text("\n".join(requirements) + "\n")
     return target
 
@@ -172,6 +194,7 @@ class Recipe:
     versions: dict[str, str] = field(default_factory=dict)
     # context entries made on the host: name in the build context -> function giving a path
     inputs: dict[str, Callable[[], Path]] = field(default_factory=dict)
+    suite: str = DEBIAN_SUITE  # the Debian release of the machine base (parent None only)
 
 
 def _proxy_source() -> Path:
@@ -184,6 +207,12 @@ RECIPES: dict[str, Recipe] = {
     "proxy": Recipe("proxy", RECIPES_DIR / "proxy", "base", {"MITMPROXY_VERSION": MITMPROXY_VERSION},
                     {"wheelhouse": lambda: wheelhouse("mitmproxy", (f"mitmproxy=={MITMPROXY_VERSION}",)),
                      "carc_proxy": _proxy_source}),
+    # the official ARC-AGI-3 engine (Python >= 3.12) on Debian trixie, serving games to the orchestrator
+    "arc3-engine": Recipe("arc3-engine", RECIPES_DIR / "arc3-engine", None,
+                          {"ARC_AGI_VERSION": ARC3_ENGINE_PACKAGES[0].split("==")[1],
+                           "ARCENGINE_VERSION": ARC3_ENGINE_PACKAGES[1].split("==")[1]},
+                          {"wheelhouse": lambda: binary_wheelhouse("arc3-engine", ARC3_ENGINE_PACKAGES, "3.13")},
+                          suite="trixie"),
 }
 
 
@@ -228,14 +257,15 @@ def _plain_debian(uri: str) -> bool:
     return uri.startswith(("http://", "https://")) and "security" not in uri and "/debian" in uri
 
 
-def offline_base_tag() -> str:
-    key = hashlib.sha256(f"{DEBIAN_SUITE}|minbase|{','.join(ROOTFS_PACKAGES)}".encode()).hexdigest()[:12]
-    return f"carc-rootfs:{DEBIAN_SUITE}-{key}"
+def offline_base_tag(suite: str = DEBIAN_SUITE) -> str:
+    key = hashlib.sha256(f"{suite}|minbase|{','.join(ROOTFS_PACKAGES)}".encode()).hexdigest()[:12]
+    return f"carc-rootfs:{suite}-{key}"
 
 
-def offline_base(client: docker.DockerClient) -> str:
-    """A Debian rootfs (debootstrap minbase + Python, CA certificates), imported as an image."""
-    tag = offline_base_tag()
+def offline_base(client: docker.DockerClient, suite: str = DEBIAN_SUITE) -> str:
+    """A Debian rootfs (debootstrap minbase + Python, CA certificates), imported as an image.
+    The mirror is this machine's (it serves every suite of the archive)."""
+    tag = offline_base_tag(suite)
     if _exists(client, tag):
         return tag
     if shutil.which("debootstrap") is None:
@@ -243,9 +273,9 @@ def offline_base(client: docker.DockerClient) -> str:
                               "scripts/docker-up.sh or `apt-get install -y debootstrap`")
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        log.info("debootstrap", suite=DEBIAN_SUITE, mirror=apt_mirror())
+        log.info("debootstrap", suite=suite, mirror=apt_mirror())
         run(["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}",
-             DEBIAN_SUITE, str(rootfs), apt_mirror()], what="debootstrap of the offline base")
+             suite, str(rootfs), apt_mirror()], what=f"debootstrap of the offline {suite} base")
         shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)
         archive = Path(tmp) / "rootfs.tar"
         run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], what="packing the rootfs")
@@ -254,31 +284,32 @@ def offline_base(client: docker.DockerClient) -> str:
     return tag
 
 
-def registry_base(client: docker.DockerClient) -> str:
-    if not _exists(client, REGISTRY_BASE):
+def registry_base(client: docker.DockerClient, image: str = REGISTRY_BASE) -> str:
+    if not _exists(client, image):
         try:
-            client.images.pull(REGISTRY_BASE)
+            client.images.pull(image)
         except docker.errors.DockerException as exc:
-            raise ImageBuildError(f"cannot pull {REGISTRY_BASE} ({str(exc)[:200]}); on a machine "
+            raise ImageBuildError(f"cannot pull {image} ({str(exc)[:200]}); on a machine "
                                   f"with no registry use the offline base (--offline)") from None
-    return REGISTRY_BASE
+    return image
 
 
-def machine_base(client: docker.DockerClient, base: Base) -> str:
+def machine_base(client: docker.DockerClient, base: Base, suite: str = DEBIAN_SUITE) -> str:
+    image = REGISTRY_BASES[suite]
     if base == "offline":
-        return offline_base(client)
+        return offline_base(client, suite)
     if base == "registry":
-        return registry_base(client)
+        return registry_base(client, image)
     # auto: whatever base this machine already has, so a registry is asked at most once
-    if _exists(client, REGISTRY_BASE):
-        return REGISTRY_BASE
-    if _exists(client, offline_base_tag()):
-        return offline_base_tag()
+    if _exists(client, image):
+        return image
+    if _exists(client, offline_base_tag(suite)):
+        return offline_base_tag(suite)
     try:
-        return registry_base(client)
+        return registry_base(client, image)
     except ImageBuildError:
-        log.info("registry unreachable; using the offline base")
-        return offline_base(client)
+        log.info("registry unreachable; using the offline base", suite=suite)
+        return offline_base(client, suite)
 
 
 def _exists(client: docker.DockerClient, tag: str) -> bool:
@@ -345,7 +376,7 @@ def ensure_image(recipe: Recipe | str, base: Base = "auto", client: docker.Docke
         parent = ensure_image(recipe.parent, base, client)
     else:
         with machine_lock("images"):  # flock is not re-entrant: never held across the recursion
-            parent = machine_base(client, base)
+            parent = machine_base(client, base, recipe.suite)
     context = render(recipe, parent)
     tag = f"carc-{name}:{context.digest()}"
     with machine_lock("images"):
@@ -377,12 +408,12 @@ def planned_image(recipe: Recipe | str, base: Base = "auto", client: docker.Dock
             return PlannedImage(recipe.name, None, False, f"built on {recipe.parent}, which is to build")
         parent_tag = parent.tag
     else:
-        candidates = {"registry": [REGISTRY_BASE], "offline": [offline_base_tag()],
-                      "auto": [REGISTRY_BASE, offline_base_tag()]}[base]
+        image, rootfs = REGISTRY_BASES[recipe.suite], offline_base_tag(recipe.suite)
+        candidates = {"registry": [image], "offline": [rootfs], "auto": [image, rootfs]}[base]
         parent_tag = next((tag for tag in candidates if _exists(client, tag)), None)
         if parent_tag is None:
-            how = {"registry": f"pull {REGISTRY_BASE}", "offline": "debootstrap the offline base",
-                   "auto": f"pull {REGISTRY_BASE}, or debootstrap the offline base (about a minute)"}[base]
+            how = {"registry": f"pull {image}", "offline": f"debootstrap the offline {recipe.suite} base",
+                   "auto": f"pull {image}, or debootstrap the offline {recipe.suite} base (about a minute)"}[base]
             return PlannedImage(recipe.name, None, False, f"no machine base yet: {how}")
     try:
         with no_fetching():

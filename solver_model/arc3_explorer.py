@@ -80,9 +80,11 @@ class Explorer:
         self.edges: dict[Frame, dict[Arc3Action, Frame]] = {}
         self.order: dict[Frame, list[Arc3Action]] = {}
         self.state = frame_of(observation)
+        self.origin = self.state  # the level's start, where a replay begins
         self.last = observation
         self.path = []
         self.pending: Arc3Action | None = None
+        self.winning: tuple[Frame, Arc3Action] | None = None  # (state before, action) of the last move
 
     def candidates(self, state: Frame, observation: Observation) -> list[Arc3Action]:
         if state not in self.order:
@@ -129,7 +131,31 @@ class Explorer:
         else:
             self.edges.setdefault(before, {})[action] = after
             self.path.append(action)
+        self.winning = (before, action)
         self.state, self.last = after, observation
+
+    def shortest_win(self) -> list[Arc3Action]:
+        """The fewest actions from the level's start to the move that completed it, over the
+        transitions it saw (the path it walked when none is shorter). A frame stands for a state:
+        where the game hides state the frame does not show, the replay may not reproduce it."""
+        if self.winning is None:
+            return list(self.path)
+        goal, last = self.winning
+        queue, via = deque([self.origin]), {self.origin: None}
+        while queue:
+            state = queue.popleft()
+            if state == goal:
+                steps: list[Arc3Action] = []
+                while via[state] is not None:
+                    state, action = via[state]
+                    steps.append(action)
+                found = steps[::-1] + [last]
+                return found if len(found) <= len(self.path) else list(self.path)
+            for action, after in self.edges.get(state, {}).items():
+                if after not in via:
+                    via[after] = (state, action)
+                    queue.append(after)
+        return list(self.path)
 
     def completed(self, game_id: str, level: int) -> None:
         """The level was completed by the last action (the twin keeps the path)."""

@@ -83,7 +83,7 @@ def test_builds_have_no_network(tmp_path, base_image, client):
 
 
 def test_unknown_recipe_is_named_with_the_known_ones():
-    with pytest.raises(ImageBuildError, match="no image recipe 'nope' in sandboxes; known: base, proxy"):
+    with pytest.raises(ImageBuildError, match="no image recipe 'nope' in sandboxes; known: arc3-engine, base, proxy"):
         ensure_image("nope")
 
 

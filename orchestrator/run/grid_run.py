@@ -121,7 +121,7 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
 
     if grid.track.name == "arc3":  # levels of games through the engine, not conversations over grids
         from orchestrator.run.arc3_runner import Arc3CellRunner
-        return Arc3CellRunner(grid, cell, Path(cell_dir), progress=progress).run()
+        return Arc3CellRunner(grid, cell, Path(cell_dir), progress=progress, model_base_url=base_url).run()
     return CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
 
 

@@ -91,8 +91,15 @@ class Priors(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     learners: dict[str, LearnerPriors]
+    arc3: dict[str, LearnerPriors] = {}  # per level of the arc3 track
 
-    def rate(self, learner: str, row: str, effort: str) -> tuple[Rate, str]:
+    def rate(self, learner: str, row: str, effort: str, track: str = "own") -> tuple[Rate, str]:
+        if track == "arc3":
+            if learner not in self.arc3:
+                raise PlanError(f"{PRIORS}: no arc3 prior for learner {learner!r}; add it under `arc3:` "
+                                "(per level) or plan with --pilot RUN (an arc3 run)")
+            entry = self.arc3[learner]
+            return (entry.rows.get(row) or entry).rate(effort), "prior (arc3, per level)"
         name = learner if learner in self.learners else (
             "default-harness" if learner in HARNESSES and "default-harness" in self.learners else None)
         if name is None:
@@ -419,7 +426,8 @@ def needed_images(grid: GridConfig) -> list[ImagePlan]:
     if not needs_docker(grid):
         return []
     harnesses = harness_learners(grid)
-    names = ["base"] + (["proxy"] if harnesses else [])
+    first = "arc3-engine" if grid.track.name == "arc3" else "base"  # arc3 cells need the engine, not base
+    names = [first] + (["proxy"] if harnesses else [])
     try:
         client = docker_client()
     except ImageBuildError as exc:
@@ -428,7 +436,7 @@ def needed_images(grid: GridConfig) -> list[ImagePlan]:
     out = []
     for name in names + harnesses:
         try:
-            recipe = name if name in ("base", "proxy") else registry.adapter(name).recipe
+            recipe = name if name in ("base", "proxy", "arc3-engine") else registry.adapter(name).recipe
             planned = planned_image(recipe, grid.sandbox.base, client)
         except Exception as exc:  # an adapter module that does not load is reported, not raised
             out.append(ImagePlan(name=name, tag=None, status="unknown", note=f"{type(exc).__name__}: {exc}"))
@@ -452,7 +460,7 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
         found = pilot_rate(pilot, cell.learner, cell.row, cell.effort) if pilot else None
         if found is None:
             priors = priors or load_priors(priors_path)
-            found = priors.rate(cell.learner, cell.row, cell.effort)
+            found = priors.rate(cell.learner, cell.row, cell.effort, grid.track.name)
         rate, source = found
         phases = counts[(cell.order, cell.seed)]
         n = sum(phases.values())
