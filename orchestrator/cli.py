@@ -20,6 +20,7 @@ sandboxes_app = typer.Typer(no_args_is_help=True, help="Docker sandboxes of cell
 adapters_app = typer.Typer(no_args_is_help=True, help="Harness adapters: list, scaffold, check.")
 node_app = typer.Typer(no_args_is_help=True, help="This machine as a node of a Ray cluster (--executor ray).")
 labels_app = typer.Typer(no_args_is_help=True, help="Symmetry labels of a frames track (two passes).")
+arc3_app = typer.Typer(no_args_is_help=True, help="ARC-AGI-3: the games of the arc3 track.")
 app.add_typer(grid_app, name="grid")
 app.add_typer(stream_app, name="stream")
 app.add_typer(model_app, name="model")
@@ -29,6 +30,7 @@ app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(adapters_app, name="adapters")
 app.add_typer(node_app, name="node")
 app.add_typer(labels_app, name="labels")
+app.add_typer(arc3_app, name="arc3")
 console = Console()
 
 
@@ -368,6 +370,28 @@ def tasks_list(source: str = typer.Option("own", help="own | arc1 | arc2")) -> N
         console.print(" ".join(sorted(arc2_new_eval_tasks())))
     else:
         _fail(f"unknown source {source!r}")
+
+
+@arc3_app.command("fetch")
+def arc3_fetch(
+    dest: Path = typer.Argument(..., help="the folder to fill (a grid's track.environments_dir)"),
+    game: Optional[list[str]] = typer.Option(None, "--game", help="only these games (ls20 or "
+                                             "ls20-cb3b57cc); default: every public game"),
+    offline_base: bool = typer.Option(False, "--offline", help="build the engine image from an "
+                                      "offline Debian rootfs"),
+) -> None:
+    """Download the public ARC-AGI-3 games with the official toolkit (needs internet; an
+    anonymous key is taken unless ARC_API_KEY is set)."""
+    from orchestrator.run.arc3_fetch import FetchError, fetch_games
+    try:
+        games = fetch_games(dest, "offline" if offline_base else "auto", tuple(game or ()))
+    except FetchError as exc:
+        _fail(str(exc))
+    for info in games.values():
+        console.print(f"{info.game_id:<24} {info.levels} levels, baselines "
+                      f"{' '.join(map(str, info.baselines))}", highlight=False)
+    console.print(f"{len(games)} games in {dest}; name it in a grid: track: {{name: arc3, "
+                  f"environments_dir: {dest}}}", highlight=False)
 
 
 @labels_app.command("make")

@@ -139,3 +139,55 @@ workers: 2
     section = text.split("## ARC-AGI-3 levels", 1)[1].split("\n## ", 1)[0]
     assert "arc3-library.low.sequential.s1" in section and "levels met twice" in section
     assert not client.containers.list(all=True, filters={"label": "org.carc.run=arc3-it"})
+
+
+FAKE_API = """\
+import json, pathlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+GAME = pathlib.Path("/game")
+META = json.loads((GAME / "metadata.json").read_text())
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        base, full = META["game_id"].split("-")[0], META["game_id"]
+        routes = {"/api/games/anonkey": json.dumps({"api_key": "anonymous-test-key"}),
+                  "/api/games": json.dumps([{"game_id": full, "title": META["title"]}]),
+                  f"/api/games/{base}": json.dumps(META),
+                  f"/api/games/{full}/source": (GAME / "ls20.py").read_text()}
+        body = routes.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write((body or "{}").encode())
+ThreadingHTTPServer(("0.0.0.0", 8000), Handler).serve_forever()
+"""
+
+
+def test_carc_arc3_fetch_runs_the_toolkit_against_an_api_and_checks_what_it_wrote(tmp_path, image, client):
+    """The toolkit's own download code against a stand-in of the ARC API on a network made here
+    (no test reaches the internet); the folder it writes is one a grid can play."""
+    import time
+
+    import docker.types
+
+    from orchestrator.run.arc3_fetch import FetchError, fetch_games
+    import uuid
+    game = games_dir() / "ls20" / "cb3b57cc"
+    (tmp_path / "api.py").write_text(FAKE_API)
+    tag = uuid.uuid4().hex[:8]
+    network = client.networks.create(f"carc-fetch-it-{tag}", internal=True,
+                                      labels={"org.carc.run": "arc3-fetch-it"})
+    api = client.containers.run(
+        image, ["/srv/api.py"], entrypoint=["/opt/engine/bin/python"], user="0", detach=True, name=f"fakeapi-{tag}",
+        network=network.name, labels={"org.carc.run": "arc3-fetch-it"},
+        mounts=[docker.types.Mount("/srv", str(tmp_path), type="bind", read_only=True),
+                docker.types.Mount("/game", str(game), type="bind", read_only=True)])
+    try:
+        time.sleep(1.0)
+        url = f"http://{api.name}:8000"
+        found = fetch_games(tmp_path / "games", games=("ls20",), base_url=url, network=network.name)
+        assert found["ls20-cb3b57cc"].baselines == (29, 41, 172, 49, 53, 62, 82)
+        assert (tmp_path / "games" / "ls20" / "cb3b57cc" / "ls20.py").read_text() == (game / "ls20.py").read_text()
+        with pytest.raises(FetchError, match="no game downloaded"):
+            fetch_games(tmp_path / "none", base_url="http://nowhere.invalid:8000", network=network.name)
+    finally:
+        api.remove(force=True)
+        network.remove()

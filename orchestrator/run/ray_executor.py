@@ -129,6 +129,9 @@ def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
         from sandboxes.networks import host_address
         host = host_address(docker_client())
     with model_service(grid, run.logs, 1, host, tag=f"{cell.cell}.{fence.token}-") as urls:
+        if grid.track.name == "arc3":  # levels through the cell's engine container, on this node
+            from orchestrator.run.arc3_runner import Arc3CellRunner
+            return Arc3CellRunner(grid, cell, paths.root, fence=fence, model_base_url=urls[0]).run()
         return CellRunner(grid, cell, paths.root, urls[0], fence=fence).run()
 
 
