@@ -191,3 +191,39 @@ def test_carc_arc3_fetch_runs_the_toolkit_against_an_api_and_checks_what_it_wrot
     finally:
         api.remove(force=True)
         network.remove()
+
+
+def test_a_harness_plays_arc3_through_the_same_conversation_one_action_per_reply(tmp_path, image, client):
+    """hermes-agent in its sandbox behind its proxy, on bt11's first level (cap 20): every reply
+    an action, every action charged, the calls journaled, the asked-to-store row invited."""
+    import json
+
+    from orchestrator.run.grid_run import start_run
+    from proxy.journal import read_journal
+    games = games_dir("toolkit_test_environment_files") / "game1"
+    grid = tmp_path / "hermes-arc3.yaml"
+    grid.write_text(f"""\
+name: hermes-arc3
+seed: 1
+track: {{name: arc3, environments_dir: {games}, visits: 1}}
+orders: [sequential]
+efforts: [low]
+learners: [hermes-agent, {{learner: hermes-agent, row: asked-to-store}}]
+workers: 2
+""")
+    run = start_run(grid, tmp_path / "runs", "hermes-arc3", workers=2)
+    for row in ("hermes-agent", "hermes-agent-asked-to-store"):
+        folder = run / "cells" / f"{row}.low.sequential.s1"
+        events = read_events(folder / "events.jsonl")
+        end = next(e for e in events if e.type == "instance_end")
+        steps = [e for e in events if e.type == "step"]
+        assert end.budget == 20 and steps and all(s.reply for s in steps)
+        played = sum(s.outcome == "played" for s in steps)
+        assert end.cost == (played if end.status == "solved" else 20)
+        calls = [j for j in read_journal(folder / "journal") if j.slot == 0 and not j.refused]
+        assert end.model_calls == len([j for j in calls if j.api != "other"]) >= played
+        conversation = json.loads((folder / "transcripts").glob("*").__next__().read_text())["conversation"]
+        assert "ARC-AGI-3 game bt11" in conversation[0]["user"]
+        invited = "save anything that might help you when this game's levels come back" in conversation[-1]["user"]
+        assert invited == row.endswith("asked-to-store")
+    assert not client.containers.list(all=True, filters={"label": "org.carc.run=hermes-arc3"})
