@@ -168,7 +168,7 @@ def test_an_arc3_grid_names_what_is_wrong(tmp_path):
         load_grid(path)
     path.write_text("name: x\ntrack: {name: arc3, environments_dir: games}\nlearners: [demo-cache-floor]\n")
     with pytest.raises(GridFileError, match="demo-cache-floor plays own, arc1, arc2, not track arc3 "
-                                            r"\(which stateless-floor, arc3-explorer, arc3-library play\)"):
+                                            r"\(which stateless-floor, arc3-explorer, arc3-library, hermes-agent play\)"):
         load_grid(path)
     path.write_text("name: x\ntrack: {name: own}\nlearners: [arc3-library]\n")
     with pytest.raises(GridFileError, match="arc3-library plays arc3, not track own"):
