@@ -37,7 +37,7 @@ def test_reading_the_registry_imports_no_adapter_and_no_recipe_is_registered_by_
     assert "harness_adapters.openclaw" not in sys.modules
     from sandboxes.images import RECIPES
     importlib.import_module("harness_adapters.openclaw")
-    assert set(RECIPES) == {"base", "proxy"}  # importing an adapter adds no recipe anywhere
+    assert set(RECIPES) == {"base", "proxy", "arc3-engine"}  # importing an adapter adds no recipe anywhere
 
 
 def test_unknown_learner_names_the_known_ones():
