@@ -16,6 +16,11 @@ Options (``--set name=value``):
     carc_allow        comma-separated allowlist: host or host:port
     carc_key_env      name of the environment variable holding the real key ("" = no injection)
     carc_prices       price table file (default: proxy/prices.json)
+    carc_tags         "true": take each call's user, slot and phase from its `x-carc-tag` header
+                      (removed before forwarding) instead of the control file. Only for a host
+                      proxy whose clients are the orchestrator's own ladder learners (the
+                      collective regime: many users' calls through one proxy); never for a
+                      sandbox's proxy, whose client could forge it
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from mitmproxy.net.http import url  # noqa: E402
 from mitmproxy.net.http.http1 import assemble  # noqa: E402
 from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
 
-from proxy.journal import READY_FILE, JournalEntry, JournalWriter, read_slot  # noqa: E402
+from proxy.journal import READY_FILE, TAG_HEADER, JournalEntry, JournalWriter, parse_tag, read_slot  # noqa: E402
 from proxy.prices import PriceTable  # noqa: E402
 from proxy.sse import api_of, reassemble, usage_of  # noqa: E402
 
@@ -61,6 +66,7 @@ class _Call:
         self.t_start = t_start
         self.slot = slot
         self.phase = phase
+        self.user: int | None = None  # from the call's tag (carc_tags)
         self.raw_head = raw_head  # request line and headers as received, before anticomp
         self.refused: str | None = None  # why the proxy refused it
         self.streamed = False
@@ -167,6 +173,9 @@ class Journal:
                           "means the client's key is passed on unchanged.")
         loader.add_option("carc_prices", str, "",
                           "Price table file (JSON); default proxy/prices.json.")
+        loader.add_option("carc_tags", bool, False,
+                          "Take user, slot and phase from each call's x-carc-tag header (trusted "
+                          "host clients only).")
         # mitmproxy's own resolver answers a DNS-mode lookup before any script sees it, by
         # resolving it for real; here every lookup is refused instead (dns_request), so it goes.
         resolver = ctx.master.addons.get("dnsresolver")
@@ -379,6 +388,11 @@ class Journal:
             slot, phase = self._slot()
             call = _Call(flow, flow.request.timestamp_start or time.time(), slot, phase,
                          raw_request_head(flow.request))
+            if ctx.options.carc_tags:
+                tag = flow.request.headers.get(TAG_HEADER)
+                if tag is not None:
+                    del flow.request.headers[TAG_HEADER]  # carc's own: never sent upstream
+                    call.user, call.slot, call.phase = parse_tag(tag)
             self.calls[flow.id] = call
         return call
 
@@ -454,7 +468,7 @@ class Journal:
         asked_stream = isinstance(request_obj, dict) and request_obj.get("stream") is True
         t_end = time.time()
         return JournalEntry(
-            id=flow.id, cell=ctx.options.carc_cell, slot=call.slot, phase=call.phase,
+            id=flow.id, cell=ctx.options.carc_cell, slot=call.slot, phase=call.phase, user=call.user,
             mode=mode_of(flow), method=request.method, url=safe_url(request),
             host=request.host, api=api, model=model, stream=call.event_stream or asked_stream,
             status=flow.response.status_code if flow.response is not None else None,
@@ -526,7 +540,7 @@ class Journal:
             t_start = call.t_start if call else (flow.request.timestamp_start or now)
             entry = JournalEntry(
                 id=flow.id, cell=ctx.options.carc_cell, slot=call.slot if call else None,
-                phase=call.phase if call else None,
+                phase=call.phase if call else None, user=call.user if call else None,
                 mode=mode_of(flow),
                 method=flow.request.method, url=safe_url(flow.request), host=flow.request.host,
                 api=api_of(flow.request.path), model=None, stream=False,

@@ -68,6 +68,7 @@ class JournalEntry:
     error: str | None = None  # why the call did not end in a 2xx answer, or what went wrong
     raw_request: str | None = None  # path of the gzip file, relative to the journal directory
     raw_response: str | None = None
+    user: int | None = None  # the collective regime's user (from the call's tag), else None
 
     def to_json(self) -> str:
         """The entry as one JSON line (no trailing newline)."""
@@ -170,6 +171,24 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
                 return
             position -= step
     os.ftruncate(fd, 0)
+
+
+# The collective regime's per-call tag (one proxy serves every user of a row): "user/slot/phase",
+# e.g. "17/42/before"; set by the ladder's ChatModel, read and removed by the proxy (carc_tags).
+TAG_HEADER = "x-carc-tag"
+
+
+def make_tag(user: int, slot: int | None, phase: Phase) -> str:
+    return f"{user}/{'' if slot is None else slot}/{phase}"
+
+
+def parse_tag(tag: str) -> tuple[int | None, int | None, Phase | None]:
+    """(user, slot, phase) of a tag; (None, None, None) for one that is not a tag."""
+    parts = tag.split("/")
+    if len(parts) != 3 or not parts[0].isdigit() or not (parts[1] == "" or parts[1].isdigit()) \
+            or parts[2] not in PHASES:
+        return None, None, None
+    return int(parts[0]), int(parts[1]) if parts[1] else None, parts[2]  # type: ignore[return-value]
 
 
 def write_slot(control_path: str | os.PathLike[str], slot: int | None, phase: Phase) -> None:
