@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from orchestrator.arc import Demo, Grid
 from orchestrator.prompts import PromptSet
@@ -67,6 +67,9 @@ class Learner(abc.ABC):
     talks_after_verdict: bool = False  # may take more turns once the instance is over (up to 4)
     runs_programs: bool = False  # built with the cell's ProgramExecutor (the program library)
     deadline: float | None = None  # time.monotonic() when the current instance's wall clock runs out
+    # The collective regime's shared state of the current round (read-only, in the learner's own
+    # layout), set by the collective runner; None everywhere else.
+    shared_dir: Path | None = None
 
     def __init__(self, state_dir: Path, prompts: PromptSet):
         self.state_dir = state_dir
@@ -106,6 +109,15 @@ class Learner(abc.ABC):
 
     def close(self) -> None:
         """Release processes and connections (the runner always calls it)."""
+
+    @classmethod
+    def merge_shared(cls, previous: Path | None, kept: Sequence[Path], out: Path) -> dict[str, int]:
+        """The collective regime's update step for this learner: write into the empty folder
+        `out` the next round's shared state, from the round's shared state `previous` (None
+        before the first update) and every user's own state at the round's end, in user order.
+        Deterministic in its inputs: the order users ran in never matters. Returns counts for
+        the records. Only learners with a collective row implement it."""
+        raise NotImplementedError(f"{cls.__name__} keeps nothing to share (it has no collective row)")
 
 
 class ChatLearner(Learner):

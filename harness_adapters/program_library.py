@@ -5,13 +5,19 @@ failures go back to the model; a passing program's test output is submitted. The
 answered a task is kept (`state_dir/programs/<task>.py`) with the pairs, and when the task
 returns it runs first, before the model is asked. The wiped variant is the same learner with its
 state emptied before every instance (a row setting of the cell, not a code path here).
+
+In the collective regime the shared state has the same layout: the pool of pairs (the demo-cache
+floor's) and, per task, the program most users keep (`merge_shared`); a user runs its own kept
+program first and, without one, the shared one, each checked against the pairs held.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Action, Malformed, Outcome, Verdict, extract_action
@@ -52,9 +58,37 @@ class ProgramLibrary(DemoCacheFloor):
     def _kept_path(self, task_id: str) -> Path:
         return self.state_dir / "programs" / f"{task_id}.py"
 
+    def _kept_source(self, task_id: str) -> str | None:
+        """The program to run first: the learner's own kept one, else the round's shared one."""
+        for folder in (self.state_dir, self.shared_dir):
+            if folder is not None and (path := folder / "programs" / f"{task_id}.py").exists():
+                return path.read_text()
+        return None
+
+    @classmethod
+    def merge_shared(cls, previous: Path | None, kept: Sequence[Path], out: Path) -> dict[str, int]:
+        """The pool of pairs, and per task the program the most users keep (ties: the previous
+        round's, then the one a lower-numbered user keeps); a task no user keeps a program for
+        keeps the previous round's."""
+        counts = super().merge_shared(previous, kept, out)
+        votes: dict[str, Counter[str]] = {}
+        for folder in kept:
+            for path in sorted((folder / "programs").glob("*.py")) if (folder / "programs").is_dir() else []:
+                votes.setdefault(path.stem, Counter())[path.read_text()] += 1
+        before = {p.stem: p.read_text() for p in sorted((previous / "programs").glob("*.py"))} \
+            if previous is not None and (previous / "programs").is_dir() else {}
+        chosen = dict(before)
+        for task_id, count in votes.items():
+            order = ([before[task_id]] if task_id in before else []) + list(count)  # first seen first
+            chosen[task_id] = max(order, key=lambda source: (count[source], -order.index(source)))
+        (out / "programs").mkdir(parents=True, exist_ok=True)
+        for task_id, source in sorted(chosen.items()):
+            (out / "programs" / f"{task_id}.py").write_text(source)
+        return {**counts, "programs": len(chosen)}
+
     def on_begin(self, view: InstanceView) -> None:
         # On a resumed instance the kept program already had its turn (it is in the history).
-        self.kept_pending = self._kept_path(view.task_id).exists() and not view.history
+        self.kept_pending = self._kept_source(view.task_id) is not None and not view.history
         self.last_program = self.passing = None
 
     def replay(self, step: StepRecord) -> None:
@@ -114,7 +148,9 @@ class ProgramLibrary(DemoCacheFloor):
         return Turn(action=Malformed(why), usage=usage)
 
     def _run_kept(self) -> Turn | None:
-        source = self._kept_path(self.task_id).read_text()
+        source = self._kept_source(self.task_id)
+        if source is None:
+            return None
         result = check_program(source, self.pairs, self.test_input, self.limits, self.executor)
         if not result.passed:
             return None

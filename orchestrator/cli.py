@@ -58,7 +58,6 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
                                             "writes into the run folder (a shared filesystem); head, "
                                             "records reach the head's folder as they are written")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
-    from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     from orchestrator.run.grid_config import GridFileError
     from orchestrator.run.grid_run import RunInterrupted, execute, open_run, set_usd_per_cell, stopped_cells
@@ -76,7 +75,13 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     elif executor == "local":
         if address is not None or durability != "shared":
             _fail("--address and --durability are for --executor ray")
-        run_cells = execute
+
+        def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
+            from orchestrator.run.grid_config import load_grid
+            if load_grid(RunPaths(run_dir).grid).collective is not None:  # users in rounds
+                from orchestrator.run.collective.runner import execute_collective
+                return execute_collective(run_dir, workers)
+            return execute(run_dir, workers)
     else:
         _fail(f"--executor {executor}: give local or ray")
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
@@ -105,7 +110,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
                       f"{', '.join(stopped)}; raise it with `carc grid run --resume {run_dir} "
                       "--usd-per-cell X`", highlight=False, soft_wrap=True)
     if report:
-        console.print(f"report: {write_report(run_dir)}")
+        console.print(f"report: {_write_report(run_dir)}")
         _inspect_harness_cells(run_dir)
 
 
@@ -176,14 +181,20 @@ def grid_plan(grid: Path,
         render_plan(plan, console if console.is_terminal else Console(width=200))
 
 
+def _write_report(run: Path, **options) -> Path:
+    """The run's report: a collective run's (users in rounds) or a grid's."""
+    from orchestrator.analysis.collective_report import is_collective, write_collective_report
+    from orchestrator.analysis.report import write_report
+    return (write_collective_report if is_collective(run) else write_report)(run, **options)
+
+
 @app.command("report")
 def report(run: Path, resamples: int = typer.Option(10_000), seed: int = typer.Option(0)) -> None:
     """Write RUN/report.md and RUN/report.html (tables and figures) from the run's records."""
-    from orchestrator.analysis.report import write_report
     from orchestrator.records import RunPaths
     if not RunPaths(run).cells.is_dir():
         _fail(f"{run}: not a run directory (no cells/)")
-    console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
+    console.print(f"report: {_write_report(run, seed=seed, resamples=resamples)}")
 
 
 @app.command("status")
@@ -250,7 +261,7 @@ def results_cmd(run: Path,
     """RUN's results as data: instances (one row per instance) and measures (every number of the
     report, long format, unrounded). Rewrites the report first when the records are newer."""
     from orchestrator.analysis import results
-    from orchestrator.analysis.report import results_current, write_report
+    from orchestrator.analysis.report import results_current
     from orchestrator.records import RunPaths
     if format not in ("parquet", "csv", "json"):
         _fail(f"--format {format!r}: use parquet, csv or json")
@@ -258,7 +269,7 @@ def results_cmd(run: Path,
     if not paths.cells.is_dir():
         _fail(f"{run}: not a run directory (no cells/)")
     if not results_current(run):
-        console.print(f"report: {write_report(run, seed=seed, resamples=resamples)}")
+        console.print(f"report: {_write_report(run, seed=seed, resamples=resamples)}")
     target = out or paths.results
     for path in results.export(paths.results, target, format):
         console.print(f"{path}", highlight=False)

@@ -18,6 +18,14 @@
         state/                  a ladder learner's private state (a harness's is its volume)
         snapshots/<slot>.tar.gz the state after each finished instance (resume restores these)
         logs/<slot>/            what a harness's logs gained during the instance
+      cells/<cell-id>/ of a collective grid (orchestrator/run/collective/): cell.json, sandbox.json,
+                                journal/ (one proxy for every user of the row), and
+        users/u<user>/          per user: events.jsonl (events carry user and round), state/,
+                                snapshots/ (only the latest: the state after the user's last
+                                finished instance), transcripts.jsonl.gz (a gzip member per slot)
+        shared/round-<r>/       the shared state users read during round r (the learner's own
+                                layout), written whole by the update step; update.json says what
+                                went into it
 
 Every event is written, flushed and fsynced before the learner is answered, so a killed run
 never loses a verdict the learner saw; resume replays the log and charges nothing twice.
@@ -111,6 +119,43 @@ class CellPaths:
 
     def slot_logs(self, slot: int) -> Path:
         return self.logs / f"{slot:05d}"
+
+    # --- a collective grid's cell: one folder per user, the shared state per round ----------
+
+    @property
+    def users(self) -> Path:
+        return self.root / "users"
+
+    def user(self, user: int) -> "UserPaths":
+        return UserPaths(self.users / f"u{user:04d}")
+
+    def user_folders(self) -> list["UserPaths"]:
+        if not self.users.is_dir():
+            return []
+        return [UserPaths(p) for p in sorted(self.users.iterdir()) if p.is_dir()]
+
+    def shared_round(self, number: int) -> Path:
+        return self.root / "shared" / f"round-{number:03d}"
+
+
+class UserPaths(CellPaths):
+    """One user of a collective grid's cell: a cell's layout, inside the cell's `users/`."""
+
+    def __init__(self, root: Path | str):
+        super().__init__(root)
+        self.transcripts_file = self.root / "transcripts.jsonl.gz"
+
+    @property
+    def number(self) -> int:
+        return int(self.root.name.removeprefix("u"))
+
+    @property
+    def cell(self) -> CellPaths:
+        return CellPaths(self.root.parent.parent)
+
+    @property
+    def run(self) -> RunPaths:
+        return self.cell.run
 
 
 class JsonRecord(BaseModel):
@@ -207,6 +252,9 @@ class Event(BaseModel):
     # instance's full charge: 5 x the level's human baseline (absent: the grid tracks' 16)
     level: int | None = None
     budget: int | None = None
+    # the collective regime: the user whose stream this is, and the round the slot is in
+    user: int | None = None
+    round: int | None = None
 
     def line(self) -> str:
         """The event as one JSON line. Never fails on a string a learner sent: text that UTF-8

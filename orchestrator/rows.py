@@ -21,6 +21,7 @@ class Row:
 
 
 MEMORY_ON = "memory-on"
+COLLECTIVE = "collective"
 
 ROWS: dict[str, Row] = {row.name: row for row in (
     # The program library has no memory-off row: its wiped row is the twin. The procedure's wiped
@@ -35,6 +36,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         help="rules: keep one program file per task id, run it first, save it after the verdict"),
     Row("program-procedure-wiped", True, program_procedure=True, twins=("memory-off",),
         help="the program procedure with the state wiped before every instance"),
+    # The collective regime (orchestrator/run/collective/): each user keeps its own state as in
+    # memory-on, and also reads the round's shared state, merged from every user between rounds.
+    # Its twin is memory-on, which in a collective grid is the independent learner of each user.
+    Row(COLLECTIVE, False, twins=(MEMORY_ON,),
+        help="collective grids: the learner also reads the shared state of its round, merged "
+             "from what every user kept in the rounds before"),
 )}
 
 HARNESS_ROWS = (MEMORY_ON, "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped")

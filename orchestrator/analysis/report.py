@@ -543,7 +543,8 @@ def results_current(run_dir: Path) -> bool:
         return False
     oldest = min(p.stat().st_mtime for p in written)
     sources = [f for cell in paths.cell_folders()
-               for f in (cell.events, cell.journal / journal_summary.JOURNAL_FILE) if f.exists()]
+               for f in (cell.events, cell.journal / journal_summary.JOURNAL_FILE,
+                         *(user.events for user in cell.user_folders())) if f.exists()]
     return all(f.stat().st_mtime <= oldest for f in sources)
 
 

@@ -18,7 +18,7 @@ from harness_adapters import registry
 from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
-from orchestrator.rows import label, row
+from orchestrator.rows import COLLECTIVE, MEMORY_ON, label, row
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 
 ARC3_GAMES_ENV = "CARC_ARC3_GAMES"
@@ -201,6 +201,17 @@ class SandboxConfig(_Strict):
                           "rows the next conversation's driver after the snapshot (hermes-agent)")
 
 
+class CollectiveConfig(_Strict):
+    """The seed's second regime (docs/collective.md): `users` users, each on a stream of its own
+    over the same tasks, in rounds of `round_slots` slots; between rounds an update step merges
+    what every user kept into the next round's shared state (`share: false`: never, so every
+    row is its own users' independent learners)."""
+
+    users: int = Field(100, ge=1, le=1000)
+    round_slots: int = Field(25, ge=1)
+    share: bool = True
+
+
 class ProxyConfig(_Strict):
     journal: bool = Field(True, description="route every model call through the journaling proxy")
 
@@ -221,9 +232,17 @@ class GridConfig(_Strict):
     workers: int = Field(2, ge=1, le=64)
     sandbox: SandboxConfig = SandboxConfig()
     proxy: ProxyConfig = ProxyConfig()
+    collective: CollectiveConfig | None = Field(
+        None, description="the collective regime: {users, round_slots, share} (docs/collective.md)")
     harness_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per harness, settings its adapter reads, e.g. "
         "openclaw: {dreaming_frequency: '0 * * * *', workshop_mode: auto}")
+
+    @model_validator(mode="after")
+    def _collective_has_no_fresh_reference(self) -> "GridConfig":
+        if self.collective is not None and "fresh_reference" not in self.track.model_fields_set:
+            self.track.fresh_reference = False  # its epilogue halves measure new tasks instead
+        return self
 
     @field_validator("harness_options")
     @classmethod
@@ -265,6 +284,7 @@ class GridConfig(_Strict):
                        f"budget + 8192)")
                       for effort in dict.fromkeys(self.efforts)
                       if self.model.max_tokens <= ANTHROPIC_THINKING_BUDGET[effort]][:1]
+        found += self._collective_problems()
         for i, entry in enumerate(self.learners):
             if self.track.name == "arc3" and row(entry.row).program_procedure:
                 found.append((("learners", i), f"row {entry.row} asks for grid programs, which arc3 does "
@@ -295,6 +315,40 @@ class GridConfig(_Strict):
                 continue
             found += [(("harness_options", harness, key), message)
                       for key, message in adapter.option_problems(given).items()]
+        return found
+
+    def _collective_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """A collective grid: generated instances (own, Re-ARC), one order, users instead of
+        seeds, ladder learners on rows memory-on (independent) or collective; the row
+        collective nowhere else."""
+        if self.collective is None:
+            return [(("learners", i), f"row {COLLECTIVE} is for collective grids: add "
+                     "collective: {users: N, round_slots: S} or use another row")
+                    for i, e in enumerate(self.learners) if e.row == COLLECTIVE]
+        found: list[tuple[tuple[Any, ...], str]] = []
+        if not (self.track.name == "own" or self.track.source in ("own", "rearc")):
+            found.append((("track", "name"), f"a collective grid serves generated instances (track own, "
+                          f"or arc1 with source rearc), not {self.track.name}"
+                          f"{' ' + self.track.source if self.track.source else ''}: users share pairs "
+                          "and programs keyed by task, which other users' frames would contradict"))
+        if len(self.orders) != 1:
+            found.append((("orders",), "a collective grid has one order (its users' streams differ by "
+                          "seed): give one"))
+        if self.seeds is not None:
+            found.append((("seeds",), "a collective grid has users instead of seeds: remove seeds"))
+        if self.track.fresh_reference and "fresh_reference" in self.track.model_fields_set:
+            found.append((("track", "fresh_reference"), "a collective grid measures new tasks by its "
+                          "epilogue halves, not a fresh reference: remove it"))
+        if self.track.epilogue and self.collective.users < 2:
+            found.append((("collective", "users"), "the epilogue is served to half the users, then to "
+                          "the other half: give at least 2 users, or epilogue: 0"))
+        for i, entry in enumerate(self.learners):
+            if entry.learner in HARNESSES:
+                found.append((("learners", i), f"{entry.learner}: harness rows of the collective (a "
+                              "curator session between rounds) are not built yet; use the ladder"))
+            elif entry.row not in (MEMORY_ON, COLLECTIVE):
+                found.append((("learners", i), f"row {entry.row} is not a collective grid's: use "
+                              f"{MEMORY_ON} (each user's independent learner) or {COLLECTIVE}"))
         return found
 
     def _embedded_api_problems(self) -> list[tuple[tuple[Any, ...], str]]:

@@ -36,7 +36,7 @@ log = structlog.get_logger("carc.grid")
 
 @contextmanager
 def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
-                  host: str = "127.0.0.1", tag: str = "") -> Iterator[list[str]]:
+                  host: str = "127.0.0.1", tag: str = "", processes: int = 1) -> Iterator[list[str]]:
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
@@ -55,7 +55,7 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
             cmd = [sys.executable, "-m", "orchestrator.cli", "model", "serve", "--host",
                    host, "--port", str(port),
                    "--usage-log", str(log_dir / f"model-usage-{tag}{number}.jsonl"),
-                   "--seed", str(grid.model.seed)]
+                   "--seed", str(grid.model.seed), "--workers", str(processes)]
             if grid.model.timing is not None:
                 cmd += ["--timing", grid.model.timing.model_dump_json()]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -236,6 +236,9 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
     `orchestrator.run.ray_executor.execute_ray_run` runs them on a Ray cluster instead."""
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
+    if grid.collective is not None:
+        raise ValueError(f"{run_dir}: a collective grid runs its users in rounds: "
+                         "orchestrator.run.collective.runner.execute_collective (carc grid run does)")
     cells = grid.cells()
     run_prices(run_dir)  # before any worker: they only read it
     docker_used = needs_docker(grid)

@@ -352,8 +352,8 @@ class CellRunner:
             except Exception as exc:  # the next instance meets the harness as it is, and says so
                 log.exception("recover_error", cell=self.cell.cell, slot=slot.index)
                 journal.append(self._event("learner_error", slot, error=f"recover: {exc}"[:2000]))
-        self.paths.transcript(slot.index).write_text(json.dumps(learner.transcript(), indent=1))
-        left_out = [entry.line() for entry in self.services.state.snapshot(self.paths.snapshot(slot.index))]
+        self._keep_transcript(slot, learner.transcript())
+        left_out = [entry.line() for entry in self._snapshot(slot)]
         try:  # a harness's logs (also those outside the volume), per instance
             self.services.state.collect_logs(self.paths.slot_logs(slot.index))
         except Exception as exc:  # a lost log must not lose the verdict
@@ -371,6 +371,14 @@ class CellRunner:
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             model_s=round(usage.seconds, 4), cost_usd=usage.usd,
             snapshot_left_out=left_out[:SNAPSHOT_LEFT_OUT_KEPT] or None, snapshot_left_out_n=len(left_out) or None))
+
+
+    def _keep_transcript(self, slot: ScheduledSlot, transcript: list) -> None:
+        self.paths.transcript(slot.index).write_text(json.dumps(transcript, indent=1))
+
+    def _snapshot(self, slot: ScheduledSlot) -> list:
+        """Snapshot the state after the instance (resume restores it); what it left out."""
+        return self.services.state.snapshot(self.paths.snapshot(slot.index))
 
 
 class SpendMeter:

@@ -1,0 +1,401 @@
+"""Running a collective grid: every user of every row through its rounds, and the update steps.
+
+A row (a cell of the grid: learner x row x effort) serves `collective.users` users. Round r runs
+each user's slots of round r (`schedule.user_schedule`) with the row's frozen shared state
+`shared/round-r/`; users are independent inside a round (their own state, the same frozen shared
+state, a model whose answer depends only on the conversation), so the order and the number of
+workers they run with change no result. When every user has finished round r, the update step
+(`update_shared`: the learner's own `merge_shared`) writes `shared/round-(r+1)/` from the shared
+state of round r and every user's state at the end of it, whole or not at all (a folder renamed
+into place). Rows that share nothing (the stateless floor, memory-on: each user's independent
+learner, or `share: false`) go through the same rounds with no shared state.
+
+Each user's instance runs exactly as a cell's (`CellRunner._run_slot`: fsynced step events, the
+protocol replayed on resume), so a killed run resumes at any instance of any user, and at any
+update. One journaling proxy per row serves all its users; each call carries its user, slot and
+phase in a tag the proxy reads and removes (proxy.journal.TAG_HEADER).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import urlsplit
+
+import structlog
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness_adapters import registry
+from harness_adapters.chat_model import ChatModel
+from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
+from orchestrator.run.collective.schedule import UserSlot, rounds, user_schedule
+from orchestrator.prompts import PromptSet
+from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPaths, SandboxRecord, UserPaths,
+                                  read_events, truncate_torn_tail, write_json)
+from orchestrator.rows import COLLECTIVE
+from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, sandbox_limits
+from orchestrator.run.grid_config import Cell, GridConfig, load_grid, price_table, run_prices
+from orchestrator.run.runner import CellRunner, InfrastructureFault
+from orchestrator.run.schedule import ScheduledSlot
+from proxy.journal import make_tag
+
+log = structlog.get_logger("carc.collective")
+
+UPDATE_FILE = "update.json"
+
+
+def shares(grid: GridConfig, cell: Cell) -> bool:
+    """Whether the row reads a shared state (and so has update steps)."""
+    return grid.collective is not None and grid.collective.share and cell.row == COLLECTIVE
+
+
+class TagControl:
+    """A user's `SlotControl`: its calls carry (user, slot, phase) to the row's proxy."""
+
+    def __init__(self, model: ChatModel, user: int):
+        self.model = model
+        self.user = user
+
+    def set_slot(self, slot: int | None, phase: str) -> None:
+        self.model.set_tag(make_tag(self.user, slot, phase))  # type: ignore[arg-type]
+
+
+@dataclass
+class UserRunner(CellRunner):
+    """One user of a collective row: `CellRunner`'s instances, with the row's services shared."""
+
+    user: int = 0
+    schedule: list[UserSlot] = field(default_factory=list)
+
+    def __post_init__(self) -> None:  # no cell.json per user: the row's cell folder has it
+        self.paths = UserPaths(self.cell_dir)
+        self.events_path = self.paths.events
+        self.state_dir = self.paths.state
+        self.journal_tail = None
+        for folder in (self.paths.state, self.paths.snapshots):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.limits = self.grid.limits.limits()
+        self.prompts = PromptSet.load(self.grid.prompts)
+        self.round_of = {u.slot.index: u.round for u in self.schedule}
+
+    def _event(self, kind: str, slot: ScheduledSlot, **fields):
+        return super()._event(kind, slot, user=self.user, round=self.round_of[slot.index], **fields)
+
+    def run_round(self, number: int, row_services: CellServices, shared_dir: Path | None,
+                  stop: threading.Event, done: Callable[[], None]) -> int:
+        """Run this user's unfinished slots of round `number`; returns how many instances ran."""
+        slots = [u.slot for u in self.schedule if u.round == number]
+        truncate_torn_tail(self.events_path)
+        events = read_events(self.events_path)
+        finished = {e.slot for e in events if e.type == "instance_end"}
+        todo = [s for s in slots if s.index not in finished]
+        if not todo:
+            return 0
+        endpoint = self.grid.model.endpoint_for(self.cell.effort, row_services.model_base_url)
+        price = price_table(self.grid).lookup(self.grid.model.name)
+        if price is not None:
+            endpoint = endpoint.model_copy(update={"input_usd_per_mtok": price.input_per_m,
+                                                   "output_usd_per_mtok": price.output_per_m})
+        if row_services.proxy is not None:  # the proxy injects the real key; the learner has none
+            endpoint = endpoint.model_copy(update={"api_key_env": ""})
+        model = ChatModel(endpoint)
+        self.services = CellServices(row_services.model_base_url, HostStateDir(self.state_dir),
+                                     row_services.executor,
+                                     TagControl(model, self.user) if row_services.proxy is not None else None,
+                                     infrastructure=row_services.infrastructure)
+        # The state as it was after this user's last finished instance (a killed instance's
+        # writes, if any, are undone), whatever round that was in.
+        before = [u.slot for u in self.schedule if u.slot.index in finished]
+        self._restore(before[-1] if before else None)
+        learner = ladder_learner(self.cell, self.state_dir, self.prompts, model, row_services.executor)
+        learner.shared_dir = shared_dir
+        ran = 0
+        try:
+            with EventLog(self.events_path) as journal:
+                for slot in todo:
+                    if stop.is_set():
+                        break
+                    partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                    try:
+                        self._run_slot(slot, learner, journal, partial)
+                    except (InfrastructureFault, RecordsUnwritable):
+                        raise
+                    except Exception as exc:  # outside the learner's turn
+                        fault = self.services.fault()
+                        if not fault:
+                            raise
+                        journal.append(self._event("infrastructure_fault", slot,
+                                                   error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
+                        raise InfrastructureFault(f"user {self.user} slot {slot.index}: {fault}") from exc
+                    self.services.set_slot(None, "between")
+                    ran += 1
+                    done()
+        finally:
+            learner.close()
+        return ran
+
+    def _keep_transcript(self, slot: ScheduledSlot, transcript: list) -> None:
+        """One gzip member per slot, appended (a resumed slot's later member is the one read)."""
+        line = json.dumps({"slot": slot.index, "messages": transcript}, ensure_ascii=False) + "\n"
+        with gzip.open(self.paths.transcripts_file, "ab", compresslevel=3) as handle:
+            handle.write(line.encode("utf-8", "surrogatepass"))
+
+    def _snapshot(self, slot: ScheduledSlot) -> list:
+        """The state after this instance; the user's earlier snapshot goes (resume and the update
+        step only ever need the latest)."""
+        left_out = self.services.state.snapshot(self.paths.snapshot(slot.index))
+        for path in self.paths.snapshots.glob("*.tar.gz"):
+            if path != self.paths.snapshot(slot.index):
+                path.unlink(missing_ok=True)
+        return left_out
+
+
+def read_transcripts(paths: UserPaths) -> dict[int, list]:
+    """A user's transcripts by slot (the last member for a slot run twice); a member torn by a
+    kill is skipped."""
+    out: dict[int, list] = {}
+    if not paths.transcripts_file.exists():
+        return out
+    try:
+        with gzip.open(paths.transcripts_file, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                if line.endswith("\n"):
+                    record = json.loads(line)
+                    out[record["slot"]] = record["messages"]
+    except (EOFError, OSError):  # the last member was cut short
+        pass
+    return out
+
+
+def latest_snapshot(paths: UserPaths) -> Path | None:
+    found = sorted(paths.snapshots.glob("*.tar.gz"))
+    return found[-1] if found else None
+
+
+def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -> Path:
+    """Write the shared state of round `number` (round 0: empty) from round `number - 1`'s
+    shared state and every user's state after its last instance, unless it is written already.
+    Resumable: the folder is built beside its place and renamed into it when whole."""
+    target = paths.shared_round(number)
+    if target.exists():
+        return target
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    started = time.monotonic()
+    record: dict = {"round": number, "users": 0}
+    if number > 0:
+        previous = update_shared(grid, cell, paths, number - 1)
+        assert grid.collective is not None
+        with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
+            kept = []
+            for user in range(grid.collective.users):
+                snapshot = latest_snapshot(paths.user(user))
+                if snapshot is None:
+                    continue
+                folder = Path(scratch) / f"u{user:04d}"
+                folder.mkdir()
+                with tarfile.open(snapshot) as tar:
+                    tar.extractall(folder, filter="data")
+                kept.append(folder)
+            counts = registry.learner_class(cell.learner).merge_shared(previous, kept, tmp)
+        record.update(users=len(kept), **counts)
+    record["seconds"] = round(time.monotonic() - started, 3)
+    write_json(tmp / UPDATE_FILE, record)
+    _fsync_tree(tmp)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    log.info("shared_state_written", cell=cell.cell, round=number, **{k: v for k, v in record.items() if k != "round"})
+    return target
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(Path(folder) / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(folder))
+
+
+def _fsync_dir(folder: Path) -> None:
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+class Checkers:
+    """Program checks for the program library's users: one long-lived checker container (no
+    network) per worker thread, started on first use (`sandbox.engine: docker`), or host
+    subprocesses (`process`)."""
+
+    def __init__(self, grid: GridConfig, run_name: str):
+        self.grid = grid
+        self.run_name = run_name
+        self.local = threading.local()
+        self.started: list[SandboxExecutor] = []
+        self.numbered = 0
+        self.lock = threading.Lock()
+
+    def executor(self) -> ProgramExecutor:
+        if self.grid.sandbox.engine != "docker":
+            return local_executor
+        current = getattr(self.local, "executor", None)
+        if current is None:
+            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
+            from sandboxes.images import ensure_image
+            with self.lock:
+                number = self.numbered
+                self.numbered += 1
+            spec = SandboxSpec(ensure_image("base", self.grid.sandbox.base), run=self.run_name,
+                               cell=f"collective-checker-{number}", proxy=None, volume=False,
+                               limits=sandbox_limits(self.grid))
+            current = SandboxExecutor(DockerSandbox(spec).start())
+            self.local.executor = current
+            with self.lock:
+                self.started.append(current)
+        return current
+
+    def fault(self) -> str | None:
+        current = getattr(self.local, "executor", None)
+        return current.sandbox.fault() if current is not None else None
+
+    def close(self) -> None:
+        with self.lock:
+            started, self.started = self.started, []
+        for executor in started:
+            try:
+                executor.close()
+            finally:
+                executor.sandbox.teardown()
+
+
+class _ThreadExecutor:
+    """The executor of whichever worker thread calls it (a learner is built in its thread)."""
+
+    def __init__(self, checkers: Checkers):
+        self.checkers = checkers
+
+    def __call__(self, *args, **kwargs):
+        return self.checkers.executor()(*args, **kwargs)
+
+
+@contextmanager
+def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
+                 checkers: Checkers) -> Iterator[CellServices]:
+    """A row's proxy (tags on: its users' calls carry user, slot and phase) and program checks."""
+    from proxy.host import HostProxy
+
+    with ExitStack() as stack:
+        proxy = None
+        base_url = upstream
+        if grid.proxy.journal:
+            proxy = stack.enter_context(HostProxy(
+                paths.journal, cell.cell, upstream, allow=(urlsplit(upstream).netloc,),
+                key_env=grid.model.api_key_env, mode="reverse", prices=run_prices(paths.run.root),
+                tags=True))
+            base_url = proxy.base_url
+        runs_programs = registry.learner_class(cell.learner).runs_programs
+        checks = ("docker" if grid.sandbox.engine == "docker" else "host-process") if runs_programs else None
+        SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url, upstream=upstream,
+                      program_checks=checks).write(paths.sandbox)
+        yield CellServices(base_url, HostStateDir(paths.state), _ThreadExecutor(checkers), proxy,
+                           infrastructure=([proxy.fault] if proxy else []) + [checkers.fault])
+
+
+def execute_collective(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> list[str]:
+    """Run (or continue) every row of the collective run in `run_dir` through all its rounds.
+    Returns [] (a collective row has no dollar cap of its own yet)."""
+    from orchestrator.run.grid_run import prepare_sandboxes, run_grid_path
+    from orchestrator.run.status import mark_started
+
+    run_dir = Path(run_dir)
+    grid = load_grid(run_grid_path(run_dir))
+    assert grid.collective is not None, f"{run_dir}: not a collective grid"
+    cells = grid.cells()
+    run_prices(run_dir)
+    docker = grid.sandbox.engine == "docker" and any(
+        registry.learner_class(c.learner).runs_programs for c in cells)
+    if docker:
+        prepare_sandboxes(grid, run_dir, show_progress)
+    mark_started(run_dir)
+    workers = workers or grid.workers
+    users = grid.collective.users
+    plan = rounds(grid)
+    schedules = {c.cell: [user_schedule(grid, c, u) for u in range(users)] for c in cells}
+    stop = threading.Event()
+    failures: list[str] = []
+    progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), disable=not show_progress)
+    checkers = Checkers(grid, run_dir.name)
+    try:
+        _run_rows(grid, run_dir, cells, schedules, plan, workers, checkers, progress, stop, failures)
+    finally:  # after every user thread has ended: no check is ever cut off by its teardown
+        checkers.close()
+        if docker:  # catches what a killed checker left
+            from sandboxes.docker_sandbox import prune
+            prune(run=run_dir.name)
+    if failures:
+        raise RuntimeError("rows failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+    return []
+
+
+def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dict, plan, workers: int,
+              checkers: Checkers, progress: Progress, stop: threading.Event, failures: list[str]) -> None:
+    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.status import record_failure
+
+    users = len(next(iter(schedules.values())))
+    # the embedded model: one server whose processes (one per core) share its port, so every
+    # row's proxy has one upstream and the kernel spreads the calls
+    with model_service(grid, RunPaths(run_dir).logs, 1, processes=os.cpu_count() or 1) as urls, \
+            progress, ThreadPoolExecutor(workers, thread_name_prefix="user") as pool, ExitStack() as stack:
+
+        def drive(cell: Cell) -> None:
+            paths = RunPaths(run_dir).cell(cell.cell)
+            paths.root.mkdir(parents=True, exist_ok=True)
+            cell.record().write(paths.settings)
+            total = sum(len(s) for s in schedules[cell.cell])
+            done_before = sum(sum(1 for e in read_events(paths.user(u).events) if e.type == "instance_end")
+                              for u in range(users))
+            bar = progress.add_task(cell.cell, total=total, completed=done_before)
+            runners = [UserRunner(grid, cell, paths.user(u).root, "", schedule=schedules[cell.cell][u], user=u)
+                       for u in range(users)]
+            with row_services(grid, cell, paths, urls[0], checkers) as services:
+                for number in range(plan.total):
+                    shared = update_shared(grid, cell, paths, number) if shares(grid, cell) else None
+                    jobs: list[Future] = [pool.submit(r.run_round, number, services, shared, stop,
+                                                      lambda: progress.advance(bar))
+                                          for r in runners]
+                    wait(jobs)
+                    errors = [f"user {runners[k].user}: {type(j.exception()).__name__}: {j.exception()}"
+                              for k, j in enumerate(jobs) if j.exception() is not None]
+                    if errors:
+                        raise RuntimeError(f"round {number}: " + "; ".join(errors[:5]))
+                    if stop.is_set():
+                        return
+
+        rows = stack.enter_context(ThreadPoolExecutor(len(cells), thread_name_prefix="row"))
+        drivers = {rows.submit(drive, c): c for c in cells}
+        try:
+            for future, cell in drivers.items():
+                try:
+                    future.result()
+                except Exception as exc:  # the other rows go on; resume continues this one
+                    failures.append(f"{cell.cell}: {type(exc).__name__}: {exc}")
+                    record_failure(run_dir, cell.cell, f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            stop.set()  # every user stops before its next instance; the records stand
+            raise

@@ -1,0 +1,351 @@
+"""The collective regime end to end: many users of one row in rounds, the update step between
+rounds, on the real embedded model behind each row's real journaling proxy.
+
+The runs prove from their records: results do not depend on how many workers ran the users
+(order independence); nothing a user does inside a round reaches another user before the next
+round's shared state; a SIGKILLed run and a killed update step resume exactly.
+"""
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from harness_adapters.demo_cache_floor import DemoCache, DemoCacheFloor
+from harness_adapters.program_library import ProgramLibrary
+from orchestrator.arc import Demo
+from orchestrator.run.collective import runner as collective_runner
+from orchestrator.run.collective.schedule import rounds, user_schedule, user_seed
+from orchestrator.records import RunPaths, read_events
+from orchestrator.run.grid_config import GridConfig, load_grid
+from orchestrator.run.collective.runner import execute_collective as execute
+from proxy.journal import read_journal
+
+GRID = """\
+name: collective-tiny
+seed: 5
+track: {name: own, tasks: 3, visits: 2, epilogue: 2}
+collective: {users: 4, round_slots: 3}
+efforts: [low]
+learners:
+  - stateless-floor
+  - {learner: demo-cache-floor, row: collective}
+  - program-library
+  - {learner: program-library, row: collective}
+sandbox: {engine: process}
+workers: 4
+"""
+USERS, SLOTS = 4, 3 * 2 + 2  # per user: the stream, then the epilogue
+ROWS = 4
+
+
+def make_run(root: Path, name: str) -> Path:
+    run_dir = root / "runs" / name
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(textwrap.dedent(GRID))
+    return run_dir
+
+
+def outcomes(run_dir: Path) -> dict[tuple, tuple]:
+    """(cell, user, slot) -> what its instance was and how it ended."""
+    out = {}
+    for cell in RunPaths(run_dir).cell_folders():
+        for user in cell.user_folders():
+            for e in read_events(user.events):
+                if e.type == "instance_end":
+                    out[(cell.name, e.user, e.slot)] = (e.round, e.phase, e.task, e.visit, e.status, e.cost,
+                                                        e.demos_used, e.attempts_used)
+    return out
+
+
+def shared_digests(run_dir: Path) -> dict[str, str]:
+    """Every shared state file's content hash (update.json without its timing)."""
+    out = {}
+    for cell in RunPaths(run_dir).cell_folders():
+        for path in sorted((cell.root / "shared").rglob("*")) if (cell.root / "shared").exists() else []:
+            if path.is_file():
+                data = path.read_bytes()
+                if path.name == collective_runner.UPDATE_FILE:
+                    record = json.loads(data)
+                    record.pop("seconds")
+                    data = json.dumps(record, sort_keys=True).encode()
+                out[str(path.relative_to(run_dir))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def assert_records_consistent(run_dir: Path) -> None:
+    cells = RunPaths(run_dir).cell_folders()
+    assert len(cells) == ROWS
+    for cell in cells:
+        users = cell.user_folders()
+        assert [u.number for u in users] == list(range(USERS))
+        for user in users:
+            events = read_events(user.events)
+            ends = Counter(e.slot for e in events if e.type == "instance_end")
+            assert sorted(ends) == list(range(SLOTS)), f"{user.root}"
+            assert set(ends.values()) == {1}, f"{user.root}: a slot ended twice"
+            steps = defaultdict(list)
+            for e in events:
+                if e.type == "step":
+                    steps[e.slot].append(e)
+            for end in (e for e in events if e.type == "instance_end"):
+                numbers = [s.step for s in steps[end.slot]]
+                assert numbers == list(range(1, len(numbers) + 1)), f"{user.root} slot {end.slot}: {numbers}"
+                charged = sum(s.outcome in ("demo", "incorrect") for s in steps[end.slot])
+                assert end.cost == (charged if end.status == "solved" else 16), f"{user.root} slot {end.slot}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run_dir = make_run(tmp_path_factory.mktemp("collective"), "reference")
+    execute(run_dir, show_progress=False)
+    return run_dir
+
+
+# --- the grid and the schedule ------------------------------------------------------------------
+
+def _grid(**changes) -> GridConfig:
+    data = {"name": "x", "collective": {"users": 6, "round_slots": 4},
+            "track": {"name": "own", "tasks": 3, "visits": 2, "epilogue": 2},
+            "learners": ["stateless-floor", {"learner": "program-library", "row": "collective"}]}
+    data.update(changes)
+    return GridConfig.model_validate(data)
+
+
+def test_a_collective_grid_refuses_what_it_cannot_run_and_says_what_to_do():
+    assert _grid().problems() == []
+    assert _grid().track.fresh_reference is False
+    framed = _grid(track={"name": "arc1", "source": "frames", "tasks": 3, "visits": 2, "epilogue": 0}).problems()
+    assert any("generated instances" in message for _, message in framed)
+    harness = _grid(learners=[{"learner": "hermes-agent", "row": "memory-on"}]).problems()
+    assert any("not built yet" in message for _, message in harness)
+    wiped = _grid(learners=[{"learner": "program-library", "row": "wiped"}]).problems()
+    assert any("not a collective grid's" in message for _, message in wiped)
+    single = GridConfig.model_validate({"name": "x", "learners": [
+        {"learner": "demo-cache-floor", "row": "collective"}]}).problems()
+    assert single and "is for collective grids" in single[0][1]
+
+
+def test_users_share_the_tasks_not_the_streams_or_grids_and_the_epilogue_comes_in_two_halves():
+    grid = _grid()
+    cell = grid.cells()[1]
+    schedules = [user_schedule(grid, cell, u) for u in range(6)]
+    assert len({user_seed(grid.seed, u) for u in range(6)}) == 6
+    tasks = [sorted({s.slot.task_id for s in sched if s.slot.phase == "stream"}) for sched in schedules]
+    assert all(t == tasks[0] for t in tasks) and len(tasks[0]) == 3
+    orders = {tuple(s.slot.task_id for s in sched) for sched in schedules}
+    assert len(orders) > 1
+    first = {(s.slot.task_id, s.slot.visit): s.slot.instance().test_input for s in schedules[0]}
+    second = {(s.slot.task_id, s.slot.visit): s.slot.instance().test_input for s in schedules[1]}
+    assert any(first[k] != second[k] for k in first)  # users meet different grids of a task
+    plan = rounds(grid)
+    assert (plan.stream, plan.total) == (2, 4)
+    for u, sched in enumerate(schedules):
+        assert [s.round for s in sched if s.slot.phase == "stream"] == [i // 4 for i in range(6)]
+        assert {s.round for s in sched if s.slot.phase == "epilogue"} == {2 if u < 3 else 3}
+
+
+def test_the_update_step_pools_pairs_and_keeps_the_program_most_users_keep(tmp_path):
+    def pair(n: int) -> Demo:
+        return Demo(((n,),), ((n + 1,),))
+
+    users = []
+    for k, (pairs, program) in enumerate([([1, 2], "A"), ([2, 3], "B"), ([3], "B"), ([], None)]):
+        folder = tmp_path / f"u{k}"
+        DemoCache(folder).add("t", [pair(n) for n in pairs])
+        if program:
+            (folder / "programs").mkdir(parents=True)
+            (folder / "programs" / "t.py").write_text(program)
+        folder.mkdir(exist_ok=True)
+        users.append(folder)
+    previous = tmp_path / "previous"
+    DemoCache(previous).add("t", [pair(7)])
+    (previous / "programs").mkdir()
+    (previous / "programs" / "t.py").write_text("A")
+    (previous / "programs" / "old.py").write_text("C")
+    out = tmp_path / "out"
+    out.mkdir()
+    counts = ProgramLibrary.merge_shared(previous, users, out)
+    assert DemoCache(out).get("t") == [pair(7), pair(1), pair(2), pair(3)]
+    assert (out / "programs" / "t.py").read_text() == "B"  # 2 votes against 1
+    assert (out / "programs" / "old.py").read_text() == "C"  # no user keeps one: the previous stays
+    assert counts == {"tasks": 1, "pairs": 4, "programs": 2}
+    # the same inputs in another order of arrival give the same pool order only by user number
+    again = tmp_path / "again"
+    again.mkdir()
+    DemoCacheFloor.merge_shared(previous, users, again)
+    assert DemoCache(again).get("t") == DemoCache(out).get("t")
+
+
+# --- whole runs ---------------------------------------------------------------------------------
+
+def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_user(reference):
+    assert_records_consistent(reference)
+    grid = load_grid(reference / "grid.yaml")
+    for cell in RunPaths(reference).cell_folders():
+        entries = read_journal(cell.journal)
+        assert entries and all(e.user is not None and e.slot is not None for e in entries), cell.name
+        counted = Counter()  # the calls each instance's learner counted, by (user, slot)
+        for user in cell.user_folders():
+            for e in read_events(user.events):
+                if e.type == "step":
+                    counted[(e.user, e.slot)] += e.model_calls or 0
+        calls = Counter((e.user, e.slot) for e in entries if not e.refused)
+        assert calls == +counted, cell.name  # every call journaled under its own user and slot
+        assert all("x-carc-tag" not in json.dumps(e.request or {}) for e in entries)
+        if "collective" in cell.name:
+            written = sorted(p.name for p in (cell.root / "shared").iterdir())
+            assert written == [f"round-{r:03d}" for r in range(rounds(grid).total)]
+
+
+def test_two_worker_counts_give_identical_results(reference, tmp_path):
+    one = make_run(tmp_path, "one-worker")
+    execute(one, workers=1, show_progress=False)
+    assert outcomes(one) == outcomes(reference)
+    assert shared_digests(one) == shared_digests(reference)
+
+
+def test_nothing_crosses_between_users_inside_a_round(reference):
+    """A user's own state holds only pairs of its own instances; the shared state of round r
+    holds only pairs of instances of rounds before r (so no user saw in round r what another
+    bought in it)."""
+    grid = load_grid(reference / "grid.yaml")
+    cells = {c.cell: c for c in grid.cells()}
+    for cell in RunPaths(reference).cell_folders():
+        if not cell.name.startswith("demo-cache-floor-collective"):
+            continue
+        demos_of: dict[Demo, set[tuple[int, int]]] = defaultdict(set)  # pair -> {(user, round)}
+        for u in range(USERS):
+            for s in user_schedule(grid, cells[cell.name], u):
+                for demo in s.slot.instance().demos:
+                    demos_of[demo].add((u, s.round))
+        for user in cell.user_folders():
+            own = DemoCache(user.state)
+            for path in own.folder.glob("*.json"):
+                for demo in own.get(path.stem):
+                    assert any(u == user.number for u, _ in demos_of[demo]), f"{user.root}: {path.stem}"
+        checked = 0
+        for number in range(rounds(grid).total):
+            shared = DemoCache(cell.shared_round(number))
+            for path in shared.folder.glob("*.json") if shared.folder.is_dir() else []:
+                for demo in shared.get(path.stem):
+                    assert any(r < number for _, r in demos_of[demo]), f"round {number}: {path.stem}"
+                    checked += 1
+        assert checked > 0
+
+
+def test_the_report_has_the_collective_section_and_results_hold_every_instance(reference):
+    import pandas as pd
+    from orchestrator.analysis.collective_report import write_collective_report
+
+    report = write_collective_report(reference, resamples=500).read_text()
+    for title in ("Rows", "Budget by round", "Budget by collective exposure", "Paired on (user, slot)",
+                  "New tasks: the epilogue halves"):
+        assert f"## Collective regime: {title}" in report
+    instances = pd.read_parquet(reference / "results" / "instances.parquet")
+    assert len(instances) == ROWS * USERS * SLOTS
+    assert sorted(instances["user"].unique()) == list(range(USERS))
+    assert (RunPaths(reference).report_html).stat().st_size > 0
+
+
+def _run_cli(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume",
+                             str(run_dir), "--no-report"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _lines(run_dir: Path) -> int:
+    return sum(u.events.read_text().count("\n") for c in RunPaths(run_dir).cell_folders()
+               for u in c.user_folders() if u.events.exists())
+
+
+def test_sigkill_mid_round_then_resume_loses_and_double_charges_nothing(reference, tmp_path):
+    run_dir = make_run(tmp_path, "killed")
+    kills = 0
+    for _ in range(3):
+        proc = _run_cli(run_dir)
+        start, deadline = _lines(run_dir), time.time() + 180
+        while proc.poll() is None and time.time() < deadline:
+            if _lines(run_dir) >= start + 60:
+                break
+            time.sleep(0.02)
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 2, "the run finished before it could be killed twice"
+    assert _run_cli(run_dir).wait(timeout=600) == 0
+    assert_records_consistent(run_dir)
+    assert outcomes(run_dir) == outcomes(reference)
+    assert shared_digests(run_dir) == shared_digests(reference)
+
+
+def _update_then_hang(run_dir: str, cell_id: str, number: int, where: str) -> None:
+    """In a child: the update step, made to stop for good at `where` (to be SIGKILLed there)."""
+    grid = load_grid(Path(run_dir) / "grid.yaml")
+    cell = next(c for c in grid.cells() if c.cell == cell_id)
+    if where == "before-rename":  # the folder is whole, update.json included; its rename hangs
+        real = os.replace
+
+        def replace(source, target):
+            if Path(source).is_dir():
+                time.sleep(3600)
+            real(source, target)
+        collective_runner.os.replace = replace
+    else:  # halfway through the merge: after the pool of pairs, before the programs
+        original = DemoCacheFloor.merge_shared.__func__
+
+        def hang(cls, previous, kept, out):
+            original(cls, previous, kept, out)
+            time.sleep(3600)
+        DemoCacheFloor.merge_shared = classmethod(hang)
+    collective_runner.update_shared(grid, cell, RunPaths(run_dir).cell(cell_id), number)
+
+
+@pytest.mark.parametrize("where", ["mid-merge", "before-rename"])
+def test_an_update_step_killed_midway_is_done_again_whole(reference, tmp_path, where):
+    """Two copies of the finished run lose the shared state of their last round. In one the
+    update step runs through; in the other it is killed (SIGKILL) inside the merge or just
+    before the rename, then run again: both write the same shared state, and no half-written
+    folder is left or read."""
+    import shutil
+    grid = load_grid(reference / "grid.yaml")
+    cell = next(c for c in grid.cells() if c.learner == "program-library" and c.row == "collective")
+    last = rounds(grid).total - 1
+    copies = {}
+    for name in ("whole", "killed"):
+        copies[name] = tmp_path / name
+        shutil.copytree(reference, copies[name])
+        shutil.rmtree(RunPaths(copies[name]).cell(cell.cell).shared_round(last))
+    collective_runner.update_shared(grid, cell, RunPaths(copies["whole"]).cell(cell.cell), last)
+
+    paths = RunPaths(copies["killed"]).cell(cell.cell)
+    child = multiprocessing.get_context("fork").Process(
+        target=_update_then_hang, args=(str(copies["killed"]), cell.cell, last, where))
+    child.start()
+    tmp = paths.shared_round(last).with_name(paths.shared_round(last).name + ".tmp")
+    marker = tmp / (collective_runner.UPDATE_FILE if where == "before-rename" else "demos")
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert tmp.exists() and not paths.shared_round(last).exists(), "the kill did not land mid-update"
+    collective_runner.update_shared(grid, cell, paths, last)
+    assert not tmp.exists()
+
+    def mine(run: Path) -> dict:
+        return {k.split("/", 1)[1]: v for k, v in shared_digests(run).items() if cell.cell in k}
+    assert mine(copies["killed"]) == mine(copies["whole"])
+    assert len(mine(copies["whole"])) > 2
