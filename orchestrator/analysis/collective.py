@@ -90,8 +90,9 @@ def with_reach(df: pd.DataFrame) -> pd.DataFrame:
 def _bootstrap(df: pd.DataFrame, by: list[str], draws: TaskResamples, n: int, level: float,
                values: Mapping[str, Any]) -> pd.DataFrame:
     """Means of `values` per group of `by`, each with its interval over tasks."""
-    key = df[by].astype(str).agg(" | ".join, axis=1) if len(by) > 1 else df[by[0]].astype(str)
-    sums = mean_sums(pd.DataFrame({"key": key, "task": df["task"]}), values)
+    key = df.groupby(by, sort=False, observed=True).ngroup().to_numpy()  # one code per group
+    sums = mean_sums(pd.DataFrame({"key": key, "task": df["task"].to_numpy()}),
+                     {name: np.asarray(value, dtype=float) for name, value in values.items()})
     table = measures.task_bootstrap(sums, "key", means(list(values)), draws, n, level)
     groups = df[by].assign(key=key).drop_duplicates("key").set_index("key")
     return groups.join(table, how="inner").reset_index(drop=True)
