@@ -154,9 +154,19 @@ def grid_check(grid: Path) -> None:
     try:
         config = load_grid(grid)
         cells = config.cells()
-        schedule = build_schedule(config, cells[0])
+        if config.collective is not None:
+            from orchestrator.run.collective.schedule import rounds, user_schedule
+            users = config.collective.users
+            per_user = len(user_schedule(config, cells[0], 0))
+        else:
+            schedule = build_schedule(config, cells[0])
     except (GridFileError, ValueError, KeyError) as exc:
         _fail(str(exc))
+    if config.collective is not None:
+        console.print(f"{grid}: {len(cells)} rows x {users} users x {per_user} instances = "
+                      f"{len(cells) * users * per_user:,} instances, in {rounds(config).total} rounds",
+                      highlight=False)
+        return
     console.print(f"{grid}: {len(cells)} cells, {len(schedule)} instances each", highlight=False)
 
 

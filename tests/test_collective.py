@@ -205,6 +205,10 @@ def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_u
         if "collective" in cell.name:
             written = sorted(p.name for p in (cell.root / "shared").iterdir())
             assert written == [f"round-{r:03d}" for r in range(rounds(grid).total)]
+    from orchestrator.run.status import run_status
+    status = run_status(reference)
+    assert (status.finished, status.total) == (ROWS * USERS * SLOTS,) * 2
+    assert {c.state for c in status.cells} == {"done"}
 
 
 def test_two_worker_counts_give_identical_results(reference, tmp_path):

@@ -395,7 +395,8 @@ class Plan(BaseModel):
 
 
 def schedule_counts(grid: GridConfig, cells: list[Cell]) -> dict[tuple[str, int], dict[str, int]]:
-    """Per (order, seed), the instances of a cell's schedule by phase (the row does not change them)."""
+    """Per (order, seed), the instances of a cell's schedule by phase (the row does not change
+    them); a collective grid's row: every user's."""
     from orchestrator.run.schedule import build_schedule
 
     out: dict[tuple[str, int], dict[str, int]] = {}
@@ -403,8 +404,13 @@ def schedule_counts(grid: GridConfig, cells: list[Cell]) -> dict[tuple[str, int]
         key = (cell.order, cell.seed)
         if key not in out:
             counts = {"stream": 0, "epilogue": 0, "fresh": 0}
-            for slot in build_schedule(grid, cell):
-                counts[slot.phase] += 1
+            if grid.collective is not None:  # a row serves every user's schedule (all one length)
+                from orchestrator.run.collective.schedule import user_schedule
+                for placed in user_schedule(grid, cell, 0):
+                    counts[placed.slot.phase] += grid.collective.users
+            else:
+                for slot in build_schedule(grid, cell):
+                    counts[slot.phase] += 1
             out[key] = counts
     return out
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from orchestrator.records import CellPaths, RunPaths, last_stop, read_events
 from orchestrator.run.grid_config import load_grid
+from orchestrator.run.collective.schedule import user_schedule
 from orchestrator.run.schedule import build_schedule
 
 RUN_FILE = "run.json"          # in logs/: the pid and start time of the process running the grid
@@ -139,10 +140,15 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         paths = run.cell(cell.cell)
         stream = (cell.track, cell.order, cell.seed)
         if stream not in lengths:
-            lengths[stream] = len(build_schedule(grid, cell))
+            lengths[stream] = len(build_schedule(grid, cell)) if grid.collective is None else \
+                grid.collective.users * len(user_schedule(grid, cell, 0))
         total = lengths[stream]
-        events = read_events(paths.events) if paths.events.exists() else []
-        ends = {e.slot: e for e in events if e.type == "instance_end"}
+        if grid.collective is not None:  # a row of users: every user's records
+            events = sorted((e for user in paths.user_folders() for e in read_events(user.events)),
+                            key=lambda e: e.t)
+        else:
+            events = read_events(paths.events) if paths.events.exists() else []
+        ends = {(e.user, e.slot): e for e in events if e.type == "instance_end"}
         stream = [e for e in ends.values() if e.phase == "stream"]
         walls = [e.wall_s for e in ends.values() if e.wall_s is not None]
         if started is not None:
@@ -151,7 +157,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         last_t = events[-1].t if events else 0.0
         if len(ends) >= total:
             state = "done"
-        elif _locked(paths):
+        elif _locked(paths) or (grid.collective is not None and alive and events):
             state = "running"
         elif last_stop(events) is not None:
             state = "stopped"
