@@ -359,7 +359,10 @@ def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(
                 timing: Optional[str] = typer.Option(
                     None, help="real-model timing: a profile (hosted, hosted-fast) or JSON "
                                '{"ttft_s": {"median": 1, "sigma": 0.5}, "tokens_per_s": {...}}; '
-                               "default: none (answer at once)")) -> None:
+                               "default: none (answer at once)"),
+                prior: Optional[Path] = typer.Option(
+                    None, help="a primitive prior (prior.json, solver_model/prior.py): serve the model "
+                               "as trained between rounds of a collective grid")) -> None:
     """Serve the embedded solver model as an OpenAI-compatible endpoint."""
     import json
 
@@ -371,8 +374,14 @@ def model_serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(
         drawn = resolve(json.loads(timing) if timing and timing.lstrip().startswith("{") else timing)
     except (ValueError, ValidationError) as exc:
         _fail(f"--timing: {exc}")
+    if prior is not None:
+        from solver_model.prior import PrimitivePrior
+        try:
+            PrimitivePrior.load(prior)
+        except ValueError as exc:
+            _fail(f"--prior: {exc}")
     serve(host=host, port=port, effort_default=effort, workers=workers,
-          usage_log=str(usage_log) if usage_log else None, seed=seed, timing=drawn)
+          usage_log=str(usage_log) if usage_log else None, seed=seed, timing=drawn, prior=prior)
 
 
 @tasks_app.command("list")

@@ -157,6 +157,24 @@ class UserPaths(CellPaths):
     def run(self) -> RunPaths:
         return self.cell.run
 
+    def read_transcripts(self) -> dict[int, list]:
+        """The user's transcripts by slot (one gzip member per slot; the last member for a slot
+        run twice); a member torn by a kill is skipped."""
+        import gzip
+
+        out: dict[int, list] = {}
+        if not self.transcripts_file.exists():
+            return out
+        try:
+            with gzip.open(self.transcripts_file, "rt", encoding="utf-8") as handle:
+                for line in handle:
+                    if line.endswith("\n"):
+                        record = json.loads(line)
+                        out[record["slot"]] = record["messages"]
+        except (EOFError, OSError):  # the last member was cut short
+            pass
+        return out
+
 
 class JsonRecord(BaseModel):
     """A record kept as one JSON file (written atomically), read back typed."""

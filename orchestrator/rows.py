@@ -18,10 +18,14 @@ class Row:
     program_procedure: bool = False  # rules: keep one program per task, run it first, save it
     twins: tuple[str, ...] = ()  # the rows it is paired against, first present on the schedule wins
     help: str = ""
+    # collective grids only: what is rewritten between rounds from every user's records, "learner"
+    # (a shared state the learner reads) or "model" (the model its users call); None: nothing
+    shared: str | None = None
 
 
 MEMORY_ON = "memory-on"
 COLLECTIVE = "collective"
+TRAINED = "trained"
 
 ROWS: dict[str, Row] = {row.name: row for row in (
     # The program library has no memory-off row: its wiped row is the twin. The procedure's wiped
@@ -39,10 +43,18 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     # The collective regime (orchestrator/run/collective/): each user keeps its own state as in
     # memory-on, and also reads the round's shared state, merged from every user between rounds.
     # Its twin is memory-on, which in a collective grid is the independent learner of each user.
-    Row(COLLECTIVE, False, twins=(MEMORY_ON,),
+    Row(COLLECTIVE, False, twins=(MEMORY_ON,), shared="learner",
         help="collective grids: the learner also reads the shared state of its round, merged "
              "from what every user kept in the rounds before"),
+    # A model trained between rounds (collective.trainer): every user of the row calls the model
+    # of its round, trained from every user's records of the rounds before; the learner is the
+    # same as its memory-on twin's, so the difference is the training's.
+    Row(TRAINED, False, twins=(MEMORY_ON,), shared="model",
+        help="collective grids: the users call the model of their round, trained between rounds "
+             "from every user's records (collective.trainer)"),
 )}
+
+COLLECTIVE_ROWS = tuple(r.name for r in ROWS.values() if r.shared)
 
 HARNESS_ROWS = (MEMORY_ON, "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped")
 

@@ -24,6 +24,7 @@ import numpy as np
 from orchestrator.arc import Demo, Grid, as_grid, grid_json, grid_list
 from orchestrator.tasks.base import MAX_DEMOS
 from solver_model.conversation import PREDICTED_OUTPUT, ConversationState, Mode
+from solver_model.prior import PrimitivePrior
 from solver_model.search import EFFORTS, Exploration, Program, explore
 
 # (pairs, effort, test_input, exclude=..., rng=...) -> Exploration; tests inject small ones.
@@ -52,6 +53,13 @@ def reply_generator(seed: int, digest: str) -> np.random.Generator:
 
 def _explore(pairs, effort, test_input=None, exclude=(), rng=None) -> Exploration:
     return explore(pairs, effort, rng, test_input, exclude)
+
+
+def prior_search(prior: PrimitivePrior) -> SearchFn:
+    """The bounded search of a model trained to a primitive prior (solver_model/prior.py)."""
+    def search(pairs, effort, test_input=None, exclude=(), rng=None) -> Exploration:
+        return explore(pairs, effort, rng, test_input, exclude, prior=prior)
+    return search
 
 
 @dataclass(frozen=True)

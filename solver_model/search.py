@@ -27,6 +27,7 @@ import numpy as np
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid
 from solver_model import dsl
+from solver_model.prior import PrimitivePrior
 
 EFFORTS = ("low", "medium", "high")
 
@@ -104,6 +105,7 @@ def consistent(program: Program, pairs: Sequence[Demo]) -> bool:
 # --- budgets -----------------------------------------------------------------------------------
 
 _ALL = frozenset(dsl.BY_NAME)
+PRIMITIVE_NAMES = tuple(p.name for p in dsl.PRIMITIVES)
 _NONE: frozenset[str] = frozenset()
 _SYMMETRY_STEPS = dsl.SYMMETRY_NAMES - {"identity"}
 
@@ -233,15 +235,16 @@ def search(pairs: Sequence[Demo], effort: str, test_input: Grid | None = None,
 
 def explore(pairs: Sequence[Demo], effort: str, rng: np.random.Generator,
             test_input: Grid | None = None, exclude: Collection[str] = (),
-            levels: Sequence[Level] | None = None) -> Exploration:
+            levels: Sequence[Level] | None = None, prior: PrimitivePrior | None = None) -> Exploration:
     """One reply's bounded search: at most the caps of `SAMPLED[effort]` (or `levels`), in an
     order drawn from `rng`, keeping the best partial fit beside the programs that fit. Programs
-    whose describe() is in `exclude` are neither found nor kept as the partial fit."""
+    whose describe() is in `exclude` are neither found nor kept as the partial fit. With `prior`
+    (solver_model/prior.py) the primitives' order is drawn by its weights instead of uniformly."""
     if effort not in EFFORTS:
         raise ValueError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
     if not pairs:
         return Exploration((), None, 0.0, 0)
-    run = _Search(pairs, test_input, frozenset(exclude), rng)
+    run = _Search(pairs, test_input, frozenset(exclude), rng, prior)
     found = run.run(SAMPLED[effort] if levels is None else levels)
     partial = None
     if run.partial is not None:
@@ -251,7 +254,7 @@ def explore(pairs: Sequence[Demo], effort: str, rng: np.random.Generator,
 
 class _Search:
     def __init__(self, pairs: Sequence[Demo], test_input: Grid | None, exclude: frozenset[str],
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, prior: PrimitivePrior | None = None) -> None:
         inputs = [pair.input for pair in pairs] + ([test_input] if test_input is not None else [])
         self.n_pairs = len(pairs)
         self.has_test = test_input is not None
@@ -265,6 +268,7 @@ class _Search:
         self.found: list[Program] = []
         # Bounded mode (explore): a drawn order, and the best partial fit kept.
         self.rng = rng
+        self.log_weights = None if prior is None else np.log(prior.weights(PRIMITIVE_NAMES))
         self.partial: tuple[StepKey, ...] | None = None
         self.partial_score: tuple[int, float] = (0, 0.0)  # (pairs reproduced, share of cells)
         self.evaluated = 0
@@ -316,7 +320,10 @@ class _Search:
             examples = None
             primitives = dsl.PRIMITIVES
             if self.rng is not None:
-                primitives = [primitives[i] for i in self.rng.permutation(len(primitives))]
+                order = (self.rng.permutation(len(primitives)) if self.log_weights is None  # uniform
+                         else np.argsort(-(self.log_weights + self.rng.gumbel(size=len(primitives))),
+                                         kind="stable"))  # by the prior (solver_model/prior.py)
+                primitives = [primitives[i] for i in order]
             for primitive in primitives:
                 name = primitive.name
                 final = name in level.final

@@ -37,6 +37,7 @@ import math
 import os
 import re
 import time
+from pathlib import Path
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from solver_model.arc3_play import arc3_reply, is_arc3
 from solver_model.agent import ToolCall, act
 from solver_model.conversation import message_text, read_conversation
-from solver_model.policy import SearchFn, reply
+from solver_model.policy import SearchFn, prior_search, reply
+from solver_model.prior import PrimitivePrior
 from solver_model.search import EFFORTS
 from solver_model.timing import TIMING_ENV, Delay, Timing, from_env, request_key, to_env
 
@@ -62,6 +64,7 @@ MODEL_IDS = (MODEL,) + tuple(f"{MODEL}-{effort}" for effort in EFFORTS)
 EFFORT_ENV = "CARC_SOLVER_EFFORT"
 USAGE_LOG_ENV = "CARC_SOLVER_USAGE_LOG"
 SEED_ENV = "CARC_SOLVER_SEED"
+PRIOR_ENV = "CARC_SOLVER_PRIOR"  # a prior.json (solver_model/prior.py): a model trained between rounds
 # Reasoning-effort values other OpenAI models accept, mapped onto the search's three levels.
 EFFORT_ALIASES = {"none": "low", "minimal": "low", "xhigh": "high"}
 STREAM_PIECES = 4
@@ -281,16 +284,20 @@ def _pieces(text: str, count: int) -> list[str]:
 
 def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                threads: int = 4, usage_log: str | None = None, seed: int = 0,
-               timing: Timing | None = None) -> FastAPI:
+               timing: Timing | None = None, prior: PrimitivePrior | None = None) -> FastAPI:
     """The FastAPI app. `search` replaces the real program search (tests inject one).
 
     `usage_log`: a file that gets one JSON line per answered request with the tokens counted
     (the server's own count, which a run's proxy journal is checked against) and, with
     `timing`, the call's drawn delays.
     `timing`: real-model timing (solver_model/timing.py); None answers as fast as it can.
+    `prior`: the primitive prior of a model trained between rounds (solver_model/prior.py); its
+    search draws the primitives' order by it. None: the untrained model.
     """
     if effort_default not in EFFORTS:
         raise ValueError(f"effort_default {effort_default!r} is not one of {', '.join(EFFORTS)}")
+    if prior is not None and search is None:
+        search = prior_search(prior)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="carc-solver")
     ids = itertools.count(1)
 
@@ -605,12 +612,13 @@ def app_from_environment() -> FastAPI:
     return create_app(os.environ.get(EFFORT_ENV, "medium"),
                       usage_log=os.environ.get(USAGE_LOG_ENV) or None,
                       seed=int(os.environ.get(SEED_ENV, "0")),
-                      timing=from_env(os.environ.get(TIMING_ENV)))
+                      timing=from_env(os.environ.get(TIMING_ENV)),
+                      prior=PrimitivePrior.load(Path(os.environ[PRIOR_ENV])) if os.environ.get(PRIOR_ENV) else None)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medium",
           workers: int = 1, log_level: str = "info", usage_log: str | None = None,
-          seed: int = 0, timing: Timing | None = None) -> None:
+          seed: int = 0, timing: Timing | None = None, prior: Path | None = None) -> None:
     """Run the server until interrupted; `workers` processes share the port (search is CPU-bound).
 
     Blocks; stop it with SIGINT or SIGTERM.
@@ -622,6 +630,11 @@ def serve(host: str = "127.0.0.1", port: int = 8000, effort_default: str = "medi
     os.environ[EFFORT_ENV] = effort_default  # read by app_from_environment in every worker
     os.environ[SEED_ENV] = str(seed)
     os.environ[TIMING_ENV] = to_env(timing)
+    if prior is not None:
+        PrimitivePrior.load(prior)  # refused here, with its path, rather than in every worker
+        os.environ[PRIOR_ENV] = str(Path(prior).resolve())
+    else:
+        os.environ.pop(PRIOR_ENV, None)
     if usage_log:
         os.environ[USAGE_LOG_ENV] = usage_log
     # a timed server holds many waiting calls: uvicorn's default backlog (2048) and no

@@ -41,11 +41,12 @@ learners:
   - {learner: demo-cache-floor, row: collective}
   - program-library
   - {learner: program-library, row: collective}
+  - {learner: stateless-floor, row: trained}
 sandbox: {engine: process}
 workers: 4
 """
 USERS, SLOTS = 4, 3 * 2 + 2  # per user: the stream, then the epilogue
-ROWS = 4
+ROWS = 5
 
 
 def make_run(root: Path, name: str) -> Path:
@@ -133,6 +134,20 @@ def test_a_collective_grid_refuses_what_it_cannot_run_and_says_what_to_do():
     single = GridConfig.model_validate({"name": "x", "learners": [
         {"learner": "demo-cache-floor", "row": "collective"}]}).problems()
     assert single and "is for collective grids" in single[0][1]
+    trained = {"learner": "stateless-floor", "row": "trained"}
+    assert _grid(learners=["stateless-floor", trained]).problems() == []
+    assert "is for collective grids" in GridConfig.model_validate(
+        {"name": "x", "learners": [trained]}).problems()[0][1]
+    remote = _grid(learners=[trained], model={"endpoint": "https://api.example.com/v1", "name": "m"}).problems()
+    assert any(where == ("collective", "trainer") and "trains the embedded model" in message
+               for where, message in remote)
+    unknown = _grid(learners=[trained], collective={"users": 2, "trainer": "no-such"}).problems()
+    assert any("no-such" in message and "primitive-prior" in message for _, message in unknown)
+    custom = _grid(learners=[trained], collective={
+        "users": 2, "trainer": "orchestrator.run.collective.training:PrimitivePriorTrainer"}).problems()
+    assert custom == []
+    not_one = _grid(learners=[trained], collective={"users": 2, "trainer": "json:dumps"}).problems()
+    assert any("not a RoundTrainer" in message for _, message in not_one)
 
 
 def test_users_share_the_tasks_not_the_streams_or_grids_and_the_epilogue_comes_in_two_halves():
@@ -202,7 +217,7 @@ def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_u
         calls = Counter((e.user, e.slot) for e in entries if not e.refused)
         assert calls == +counted, cell.name  # every call journaled under its own user and slot
         assert all("x-carc-tag" not in json.dumps(e.request or {}) for e in entries)
-        if "collective" in cell.name:
+        if "collective" in cell.name or "trained" in cell.name:
             written = sorted(p.name for p in (cell.root / "shared").iterdir())
             assert written == [f"round-{r:03d}" for r in range(rounds(grid).total)]
     from orchestrator.run.status import run_status
@@ -253,12 +268,41 @@ def test_the_report_has_the_collective_section_and_results_hold_every_instance(r
 
     report = write_collective_report(reference, resamples=500).read_text()
     for title in ("Rows", "Budget by round", "Budget by collective exposure", "Paired on (user, slot)",
-                  "New tasks: the epilogue halves"):
+                  "New tasks: the epilogue halves", "Update steps"):
         assert f"## Collective regime: {title}" in report
     instances = pd.read_parquet(reference / "results" / "instances.parquet")
     assert len(instances) == ROWS * USERS * SLOTS
     assert sorted(instances["user"].unique()) == list(range(USERS))
     assert (RunPaths(reference).report_html).stat().st_size > 0
+
+
+def test_the_trained_row_meets_its_twin_until_its_first_update_then_calls_the_trained_model(reference):
+    """Round 0 of the trained row is its memory-on twin's, instance for instance; each update
+    counts a verified program for every instance of the round it can explain; later rounds call
+    a model server started with that round's prior."""
+    from solver_model.prior import PrimitivePrior
+
+    grid = load_grid(reference / "grid.yaml")
+    got = outcomes(reference)
+    cells = {c.row: c.cell for c in grid.cells() if c.learner == "stateless-floor"}
+    floor, trained = cells["memory-on"], cells["trained"]
+    first = {(u, s): v for (c, u, s), v in got.items() if c == trained and v[0] == 0}
+    assert first and first == {(u, s): v for (c, u, s), v in got.items() if c == floor and v[0] == 0}
+    paths = RunPaths(reference).cell(trained)
+    total = 0
+    for number in range(1, rounds(grid).total):
+        update = json.loads((paths.shared_round(number) / collective_runner.UPDATE_FILE).read_text())
+        solved = sum(1 for (c, u, s), v in got.items() if c == trained and v[0] == number - 1 and v[4] == "solved")
+        assert update["instances_solved"] == solved
+        assert update["programs"] + update["unexplained"] == solved
+        total += update["programs"]
+        prior = PrimitivePrior.load(paths.shared_round(number) / "prior.json")
+        assert prior.programs == update["trained_on"] == total
+        assert sum(prior.counts.values()) >= prior.programs
+        logs = list((reference / "logs").glob(f"model-server-{trained}-round{number}-*.log"))
+        assert logs, f"round {number}: no model server was started with its prior"
+    assert total > 0
+    assert not (paths.shared_round(0) / "model.json").exists()  # round 0: the grid's own model
 
 
 def _run_cli(run_dir: Path) -> subprocess.Popen:

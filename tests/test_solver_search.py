@@ -280,3 +280,37 @@ def test_explore_with_a_cap_too_small_misses_what_a_larger_cap_finds():
 
 def test_explore_with_no_pairs_evaluates_nothing():
     assert explore([], "low", rng(0), G("1")).evaluated == 0
+
+
+# --- a primitive prior (a model trained between rounds, solver_model/prior.py) ------------------
+
+def test_a_primitive_prior_brings_what_it_counts_forward_within_the_same_compute():
+    from solver_model.prior import PrimitivePrior
+
+    pairs = [Demo(((1, 2, 3), (4, 5, 6)), ((3, 2, 1), (6, 5, 4))),
+             Demo(((7, 0), (0, 8)), ((0, 7), (8, 0)))]  # flip_h: one step, among ~80
+    trained = PrimitivePrior().add([["flip_h"]] * 200)
+    uniform_hits = trained_hits = 0
+    for seed in range(40):
+        uniform = explore(pairs, "low", np.random.default_rng(seed))
+        learnt = explore(pairs, "low", np.random.default_rng(seed), prior=trained)
+        assert learnt.evaluated <= sum(level.cap for level in SAMPLED["low"])  # no more compute
+        uniform_hits += any(p.describe() == "flip_h" for p in uniform.found)
+        trained_hits += any(p.describe() == "flip_h" for p in learnt.found)
+    assert trained_hits >= 38 and uniform_hits <= 20, (uniform_hits, trained_hits)
+    again = explore(pairs, "low", np.random.default_rng(3), prior=trained)
+    assert again == explore(pairs, "low", np.random.default_rng(3), prior=trained)  # a function of its inputs
+
+
+def test_a_prior_counts_programs_refuses_unknown_primitives_and_reads_back(tmp_path):
+    from solver_model.prior import PrimitivePrior
+
+    prior = PrimitivePrior().add([["crop_bbox", "flip_h"], ["identity"], ["flip_h"]])
+    assert prior.programs == 3 and prior.counts == {"crop_bbox": 1, "flip_h": 2, "identity": 1}
+    prior.save(tmp_path / "prior.json")
+    assert PrimitivePrior.load(tmp_path / "prior.json") == prior
+    with pytest.raises(ValueError, match="unknown DSL primitive"):
+        PrimitivePrior({"no_such_step": 1})
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json: not a primitive prior"):
+        PrimitivePrior.load(tmp_path / "bad.json")

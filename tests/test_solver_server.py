@@ -331,3 +331,30 @@ def test_serve_runs_two_workers_with_the_real_search_in_a_subprocess():
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_a_server_started_with_a_prior_searches_in_its_order(tmp_path, monkeypatch):
+    """`carc model serve --prior` (a trained row's model): every worker reads the prior from the
+    environment, and its replies rest on what the prior counts."""
+    from solver_model import server
+    from solver_model.prior import PrimitivePrior
+
+    PrimitivePrior().add([["flip_h"]] * 500).save(tmp_path / "prior.json")
+    monkeypatch.setenv(server.PRIOR_ENV, str(tmp_path / "prior.json"))
+    monkeypatch.setenv(server.EFFORT_ENV, "low")
+    programs = []
+    for seed in range(8):
+        monkeypatch.setenv(server.SEED_ENV, str(seed))
+        body = chat(TestClient(server.app_from_environment())).json()
+        programs.append(body["carc"]["program"])
+    assert programs == ["flip_h"] * 8
+    monkeypatch.delenv(server.PRIOR_ENV)
+    untrained = []
+    for seed in range(8):
+        monkeypatch.setenv(server.SEED_ENV, str(seed))
+        untrained.append(chat(TestClient(server.app_from_environment())).json()["carc"]["program"])
+    assert untrained != programs  # the uniform order often reaches another program first
+    (tmp_path / "bad.json").write_text("[]")
+    monkeypatch.setenv(server.PRIOR_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="bad.json: not a primitive prior"):
+        server.app_from_environment()

@@ -25,7 +25,7 @@ import pandas as pd
 from orchestrator.analysis import measures
 from orchestrator.analysis.measures import BUDGET, FLOOR, LEVEL, RESAMPLES, TaskResamples, mean_sums, means
 from orchestrator.records import RunPaths
-from orchestrator.rows import COLLECTIVE, MEMORY_ON, row_name
+from orchestrator.rows import MEMORY_ON, row, row_name
 
 SETTINGS = ("cell", "label", "learner", "row", "effort")
 COLUMNS = (*SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status",
@@ -142,19 +142,20 @@ def binned(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_table(df: pd.DataFrame, draws: TaskResamples, n: int = RESAMPLES, level: float = LEVEL) -> pd.DataFrame:
-    """Paired on (user, slot) over the stream: each collective row minus its independent twin
-    (the same learner and effort on memory-on), and every row but the floor minus the floor of
-    its effort. Negative: the first row spends less."""
+    """Paired on (user, slot) over the stream: each collective row (collective, trained) minus its
+    independent twin (the same learner and effort on memory-on), and every row of another learner
+    minus the floor of its effort. Negative: the first row spends less."""
     stream = df[df["phase"] == "stream"]
     cells = stream.drop_duplicates("cell").set_index("cell")
     comparisons = []
     for cell, settings in cells.iterrows():
-        if settings["row"] == COLLECTIVE:
+        if row(settings["row"]).shared:  # collective, trained: against the same learner alone
             twin = cells[(cells["learner"] == settings["learner"]) & (cells["row"] == MEMORY_ON)
                          & (cells["effort"] == settings["effort"])]
             comparisons += [("independent twin", cell, t) for t in twin.index]
         if settings["learner"] != FLOOR:
-            floor = cells[(cells["learner"] == FLOOR) & (cells["effort"] == settings["effort"])]
+            floor = cells[(cells["learner"] == FLOOR) & (cells["row"] == MEMORY_ON)
+                          & (cells["effort"] == settings["effort"])]
             comparisons += [("stateless floor", cell, f) for f in floor.index]
     if not comparisons:
         return pd.DataFrame(columns=["against", "cell", "other", "pairs", "mean", "lo", "hi", "mean_bound",
@@ -163,7 +164,7 @@ def paired_table(df: pd.DataFrame, draws: TaskResamples, n: int = RESAMPLES, lev
     parts = []
     for against, cell, other in comparisons:
         a, b = keyed.loc[cell], keyed.loc[other]
-        joined = a.join(b, how="inner", rsuffix="_b")
+        joined = a.merge(b, how="inner", left_index=True, right_index=True, suffixes=("", "_b"))
         if (joined["task"] != joined["task_b"]).any() or (joined["visit"] != joined["visit_b"]).any():
             raise ValueError(f"{cell} and {other} serve different instances at some (user, slot): "
                              "they are not on one schedule")
@@ -212,6 +213,37 @@ def epilogue_table(df: pd.DataFrame, draws: TaskResamples, n: int = RESAMPLES, l
     out = pd.DataFrame(rows)
     out.insert(3, "second_minus_first", out["second"] - out["first"])
     return out
+
+
+def updates_table(run_dir: Path, top: int = 5) -> pd.DataFrame:
+    """Every update step of every row that has them (collective, trained): the round whose state
+    it wrote, what it merged or trained on (its update.json), and, for a model trained to a
+    primitive prior, that prior's most counted primitives."""
+    records: list[dict[str, Any]] = []
+    for cell in RunPaths(run_dir).cell_folders():
+        shared = cell.root / "shared"
+        if not cell.settings.exists() or not shared.is_dir():
+            continue
+        label = json.loads(cell.settings.read_text()).get("label")
+        for folder in sorted(shared.glob("round-[0-9][0-9][0-9]")):
+            try:
+                update = json.loads((folder / "update.json").read_text())
+            except (OSError, ValueError):
+                continue  # an update step not yet written whole
+            record = {"cell": cell.name, "label": label, **update}
+            prior = folder / "prior.json"
+            if prior.is_file():
+                counts = json.loads(prior.read_text()).get("counts", {})
+                best = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+                record["top_primitives"] = ", ".join(f"{name} {n}" for name, n in best)
+            records.append(record)
+    table = pd.DataFrame(records)
+    if table.empty:
+        return table
+    first = ["cell", "label", "round", "users"]
+    counts = [c for c in table.columns if c not in ("cell", "label", "seconds", "top_primitives")]
+    table[counts] = table[counts].astype("Int64")  # a row's round 0 has no counts
+    return table[first + [c for c in table.columns if c not in first]]
 
 
 def collective_tables(df: pd.DataFrame, seed: int = 0, n: int = RESAMPLES,

@@ -47,6 +47,13 @@ INTROS = {
         "half of the users in one round and to the second half in the next, after an update: second "
         "minus first is how fast the row learns a task from the first half. The halves are different "
         "users: compare a collective row's difference with its independent twin's."),
+    "collective_updates": (
+        "Update steps", "Between rounds, every row that shares rewrites what its users read next: "
+        "a collective row's shared state (merged from every user's state; what was kept), a trained "
+        "row's model (trained on every user's records; programs: the round's solved instances whose "
+        "verified program it counted, unexplained: solved instances it found no program for, "
+        "trained_on: programs counted so far; top_primitives: the prior's most counted). Round r's "
+        "line is the state that round read; round 0's is empty."),
 }
 SHARES = {"budget", "solved", "user_sd", "user_min", "user_max", "mean", "first", "second",
           "second_minus_first", "mean_bound", "mean_mde"}
@@ -60,6 +67,7 @@ def write_collective_results(run_dir: Path, seed: int = 0, resamples: int = RESA
     paths = RunPaths(run_dir)
     frame = collective.collective_frame(run_dir)
     tables = collective.collective_tables(frame, seed, resamples)
+    tables["collective_updates"] = collective.updates_table(run_dir)
     long, layout = results.to_long({k: report_html.flat(v) for k, v in tables.items()},
                                    {"collective_epilogue": {"second_minus_first": ("lo", "hi")},
                                     "collective_paired": {"mean": ("lo", "hi")}})
@@ -104,6 +112,8 @@ def write_collective_report(run_dir: Path, seed: int = 0, resamples: int = RESAM
     sections: dict[str, tuple[str, pd.DataFrame]] = {}
     for name, (title, intro) in INTROS.items():
         table = data.get(name, pd.DataFrame())
+        if name == "collective_epilogue":  # its interval is the difference's
+            table = table.rename(columns={"lo": "second_minus_first_lo", "hi": "second_minus_first_hi"})
         sections[f"{TITLE}: {title}"] = (intro, display_frame(table, SHARES & set(table.columns),
                                                               SIGNED & set(table.columns)))
     summary = "\n".join(f"- {line}" for line in summary_lines(frame, data, setting.get("users", 100)))

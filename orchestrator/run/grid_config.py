@@ -18,7 +18,7 @@ from harness_adapters import registry
 from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
-from orchestrator.rows import COLLECTIVE, MEMORY_ON, label, row
+from orchestrator.rows import COLLECTIVE_ROWS, MEMORY_ON, TRAINED, label, row
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 
 ARC3_GAMES_ENV = "CARC_ARC3_GAMES"
@@ -210,6 +210,9 @@ class CollectiveConfig(_Strict):
     users: int = Field(100, ge=1, le=1000)
     round_slots: int = Field(25, ge=1)
     share: bool = True
+    trainer: str = Field("primitive-prior", description="what trains the model of the row trained "
+                         "between rounds: a name in orchestrator/run/collective/training.py's "
+                         "TRAINERS, or module:attribute of a RoundTrainer class")
 
 
 class ProxyConfig(_Strict):
@@ -319,12 +322,12 @@ class GridConfig(_Strict):
 
     def _collective_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """A collective grid: generated instances (own, Re-ARC), one order, users instead of
-        seeds, ladder learners on rows memory-on (independent) or collective; the row
-        collective nowhere else."""
+        seeds, ladder learners on rows memory-on (independent) or a collective row (collective,
+        trained); the collective rows nowhere else."""
         if self.collective is None:
-            return [(("learners", i), f"row {COLLECTIVE} is for collective grids: add "
+            return [(("learners", i), f"row {e.row} is for collective grids: add "
                      "collective: {users: N, round_slots: S} or use another row")
-                    for i, e in enumerate(self.learners) if e.row == COLLECTIVE]
+                    for i, e in enumerate(self.learners) if e.row in COLLECTIVE_ROWS]
         found: list[tuple[tuple[Any, ...], str]] = []
         if not (self.track.name == "own" or self.track.source in ("own", "rearc")):
             found.append((("track", "name"), f"a collective grid serves generated instances (track own, "
@@ -346,9 +349,15 @@ class GridConfig(_Strict):
             if entry.learner in HARNESSES:
                 found.append((("learners", i), f"{entry.learner}: harness rows of the collective (a "
                               "curator session between rounds) are not built yet; use the ladder"))
-            elif entry.row not in (MEMORY_ON, COLLECTIVE):
+            elif entry.row not in (MEMORY_ON, *COLLECTIVE_ROWS):
                 found.append((("learners", i), f"row {entry.row} is not a collective grid's: use "
-                              f"{MEMORY_ON} (each user's independent learner) or {COLLECTIVE}"))
+                              f"{MEMORY_ON} (each user's independent learner) or one of "
+                              f"{', '.join(COLLECTIVE_ROWS)}"))
+        if any(e.row == TRAINED for e in self.learners):
+            from orchestrator.run.collective.training import trainer_problem
+            problem = trainer_problem(self, EMBEDDED)
+            if problem:
+                found.append((("collective", "trainer"), problem))
         return found
 
     def _embedded_api_problems(self) -> list[tuple[tuple[Any, ...], str]]:

@@ -36,12 +36,15 @@ log = structlog.get_logger("carc.grid")
 
 @contextmanager
 def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
-                  host: str = "127.0.0.1", tag: str = "", processes: int = 1) -> Iterator[list[str]]:
+                  host: str = "127.0.0.1", tag: str = "", processes: int = 1,
+                  prior: Path | None = None) -> Iterator[list[str]]:
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
     with this process); cells are spread over them. `tag` names their logs apart
     (`model-server-<tag>N.log`: the Ray executor starts one per cell attempt, on its node).
+    `prior`: serve the embedded model as trained to this primitive prior (a collective grid's
+    trained row, orchestrator/run/collective/training.py).
     """
     if grid.model.endpoint != EMBEDDED:
         yield [grid.model.endpoint.rstrip("/")]
@@ -58,6 +61,8 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
                    "--seed", str(grid.model.seed), "--workers", str(processes)]
             if grid.model.timing is not None:
                 cmd += ["--timing", grid.model.timing.model_dump_json()]
+            if prior is not None:
+                cmd += ["--prior", str(prior)]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
             out.close()

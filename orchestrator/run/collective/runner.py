@@ -43,7 +43,8 @@ from orchestrator.run.collective.schedule import UserSlot, rounds, user_schedule
 from orchestrator.prompts import PromptSet
 from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPaths, SandboxRecord, UserPaths,
                                   read_events, truncate_torn_tail, write_json)
-from orchestrator.rows import COLLECTIVE
+from orchestrator.rows import row
+from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, sandbox_limits
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid, price_table, run_prices
 from orchestrator.run.runner import CellRunner, InfrastructureFault
@@ -56,8 +57,9 @@ UPDATE_FILE = "update.json"
 
 
 def shares(grid: GridConfig, cell: Cell) -> bool:
-    """Whether the row reads a shared state (and so has update steps)."""
-    return grid.collective is not None and grid.collective.share and cell.row == COLLECTIVE
+    """Whether the row has update steps: a shared state its learners read (row collective) or a
+    model trained between rounds (row trained)."""
+    return grid.collective is not None and grid.collective.share and row(cell.row).shared is not None
 
 
 class TagControl:
@@ -161,23 +163,6 @@ class UserRunner(CellRunner):
         return left_out
 
 
-def read_transcripts(paths: UserPaths) -> dict[int, list]:
-    """A user's transcripts by slot (the last member for a slot run twice); a member torn by a
-    kill is skipped."""
-    out: dict[int, list] = {}
-    if not paths.transcripts_file.exists():
-        return out
-    try:
-        with gzip.open(paths.transcripts_file, "rt", encoding="utf-8") as handle:
-            for line in handle:
-                if line.endswith("\n"):
-                    record = json.loads(line)
-                    out[record["slot"]] = record["messages"]
-    except (EOFError, OSError):  # the last member was cut short
-        pass
-    return out
-
-
 def latest_snapshot(paths: UserPaths) -> Path | None:
     found = sorted(paths.snapshots.glob("*.tar.gz"))
     return found[-1] if found else None
@@ -195,7 +180,15 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -
     tmp.mkdir(parents=True)
     started = time.monotonic()
     record: dict = {"round": number, "users": 0}
-    if number > 0:
+    if number > 0 and row(cell.row).shared == "model":
+        previous = update_shared(grid, cell, paths, number - 1)
+        assert grid.collective is not None
+        trainer = trainer_class(grid.collective.trainer)(grid, cell)
+        counts = trainer.between_rounds(RoundRecords(paths, number - 1, grid.collective.users), previous, tmp)
+        if RoundModel.read(tmp) is None:  # what the next round serves is readable before it is kept
+            raise RuntimeError(f"trainer {grid.collective.trainer} wrote no {tmp.name}/model.json")
+        record.update(users=grid.collective.users, **counts)
+    elif number > 0:
         previous = update_shared(grid, cell, paths, number - 1)
         assert grid.collective is not None
         with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
@@ -315,6 +308,22 @@ def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
                            infrastructure=([proxy.fault] if proxy else []) + [checkers.fault])
 
 
+@contextmanager
+def round_model(grid: GridConfig, cell: Cell, run_dir: Path, shared: Path, number: int,
+                untrained: str) -> Iterator[str]:
+    """The base URL of the model a trained row's users call in round `number`: the grid's model
+    until the first update, then the embedded model served with the round's trained prior."""
+    from orchestrator.run.grid_run import model_service
+
+    model = RoundModel.read(shared)
+    if model is None:
+        yield untrained
+        return
+    with model_service(grid, RunPaths(run_dir).logs, 1, tag=f"{cell.cell}-round{number}-",
+                       processes=os.cpu_count() or 1, prior=model.prior_path(shared)) as urls:
+        yield urls[0]
+
+
 def execute_collective(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> list[str]:
     """Run (or continue) every row of the collective run in `run_dir` through all its rounds.
     Returns [] (a collective row has no dollar cap of its own yet)."""
@@ -373,13 +382,25 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
             bar = progress.add_task(cell.cell, total=total, completed=done_before)
             runners = [UserRunner(grid, cell, paths.user(u).root, "", schedule=schedules[cell.cell][u], user=u)
                        for u in range(users)]
-            with row_services(grid, cell, paths, urls[0], checkers) as services:
+            trained = shares(grid, cell) and row(cell.row).shared == "model"
+            with ExitStack() as row_stack:
+                # one proxy for the row's whole run; a trained row's follows its model, round by round
+                services = None if trained else row_stack.enter_context(
+                    row_services(grid, cell, paths, urls[0], checkers))
                 for number in range(plan.total):
                     shared = update_shared(grid, cell, paths, number) if shares(grid, cell) else None
-                    jobs: list[Future] = [pool.submit(r.run_round, number, services, shared, stop,
-                                                      lambda: progress.advance(bar))
-                                          for r in runners]
-                    wait(jobs)
+                    with ExitStack() as round_stack:
+                        if trained:
+                            assert shared is not None
+                            upstream = round_stack.enter_context(
+                                round_model(grid, cell, run_dir, shared, number, urls[0]))
+                            services = round_stack.enter_context(
+                                row_services(grid, cell, paths, upstream, checkers))
+                        readable = shared if row(cell.row).shared == "learner" else None
+                        jobs: list[Future] = [pool.submit(r.run_round, number, services, readable, stop,
+                                                          lambda: progress.advance(bar))
+                                              for r in runners]
+                        wait(jobs)
                     errors = [f"user {runners[k].user}: {type(j.exception()).__name__}: {j.exception()}"
                               for k, j in enumerate(jobs) if j.exception() is not None]
                     if errors:
