@@ -35,6 +35,7 @@ Every reader and writer of the folder takes its paths from here.
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import os
 import time
@@ -160,8 +161,6 @@ class UserPaths(CellPaths):
     def read_transcripts(self) -> dict[int, list]:
         """The user's transcripts by slot (one gzip member per slot; the last member for a slot
         run twice); a member torn by a kill is skipped."""
-        import gzip
-
         out: dict[int, list] = {}
         if not self.transcripts_file.exists():
             return out

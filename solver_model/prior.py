@@ -58,9 +58,6 @@ class PrimitivePrior:
     def weights(self, names: Sequence[str]) -> np.ndarray:
         return np.array([self.counts.get(n, 0) + SMOOTHING for n in names], dtype=float)
 
-    def top(self, k: int = 10) -> list[tuple[str, int]]:
-        return Counter(self.counts).most_common(k)
-
     def to_json(self) -> dict:
         return {"programs": self.programs, "counts": dict(self.counts)}
 

@@ -180,17 +180,16 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -
     tmp.mkdir(parents=True)
     started = time.monotonic()
     record: dict = {"round": number, "users": 0}
-    if number > 0 and row(cell.row).shared == "model":
+    if number > 0:
         previous = update_shared(grid, cell, paths, number - 1)
         assert grid.collective is not None
+    if number > 0 and row(cell.row).shared == "model":
         trainer = trainer_class(grid.collective.trainer)(grid, cell)
         counts = trainer.between_rounds(RoundRecords(paths, number - 1, grid.collective.users), previous, tmp)
         if RoundModel.read(tmp) is None:  # what the next round serves is readable before it is kept
             raise RuntimeError(f"trainer {grid.collective.trainer} wrote no {tmp.name}/model.json")
         record.update(users=grid.collective.users, **counts)
     elif number > 0:
-        previous = update_shared(grid, cell, paths, number - 1)
-        assert grid.collective is not None
         with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
             kept = []
             for user in range(grid.collective.users):
