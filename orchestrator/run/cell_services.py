@@ -180,33 +180,46 @@ def _teardown_once_started(starting: Future) -> None:
     sandbox.teardown()
 
 
+def harness_spec(grid: GridConfig, cell: Cell, run_dir: Path, name: str, journal: Path, upstream: str):
+    """The sandbox of a harness cell, or of one user or the curator of a collective row (`name`
+    tells them apart): the harness's image, and a proxy container journaling into `journal`."""
+    from sandboxes.docker_sandbox import ProxySpec, SandboxSpec
+    from sandboxes.images import ensure_image
+
+    return SandboxSpec(
+        ensure_image(registry.adapter(cell.learner).recipe, grid.sandbox.base), run=run_dir.name, cell=name,
+        proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal, upstream,
+                        key_env=grid.model.api_key_env, prices=run_prices(run_dir)),
+        limits=sandbox_limits(grid))
+
+
+def prepare_harness(box, grid: GridConfig, cell: Cell, row_name: str, prompts: PromptSet) -> Prepared:
+    """The harness on the started sandbox `box`: an empty volume with its config, its processes
+    started, its learner built for the row `row_name`."""
+    from harness_adapters.harness import HarnessCell
+
+    adapter = registry.adapter(cell.learner)
+    harness_cell = HarnessCell(box, prompts, grid.model.name, cell.effort, row_name,
+                               dict(grid.harness_options.get(adapter.name, {})), api=grid.model.api)
+    state = adapter.make_state(harness_cell)
+    state.restore(None)  # an empty volume with the harness's config: a fresh start
+    return Prepared(box, state, adapter.make_learner(harness_cell))
+
+
 @contextmanager
 def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
     """A harness cell: its image, its sandbox and proxy container, its state volume."""
-    from harness_adapters.harness import HarnessCell
-    from sandboxes.docker_sandbox import DockerSandbox, ProxySpec, SandboxSpec
-    from sandboxes.images import ensure_image
+    from sandboxes.docker_sandbox import DockerSandbox
 
     adapter = registry.adapter(cell.learner)
-    spec = SandboxSpec(
-        ensure_image(adapter.recipe, grid.sandbox.base), run=CellPaths(cell_dir).run.name, cell=cell.cell,
-        proxy=ProxySpec(ensure_image("proxy", grid.sandbox.base), journal_dir(cell_dir), upstream,
-                        key_env=grid.model.api_key_env, prices=run_prices(CellPaths(cell_dir).run.root)),
-        limits=sandbox_limits(grid))
+    paths = CellPaths(cell_dir)
+    spec = harness_spec(grid, cell, paths.run.root, cell.cell, journal_dir(cell_dir), upstream)
     prompts = PromptSet.load(grid.prompts)
-
-    def prepared(box: DockerSandbox) -> Prepared:
-        """The harness on `box`: an empty volume with its config, its processes started."""
-        harness_cell = HarnessCell(box, prompts, grid.model.name, cell.effort, cell.row,
-                                   dict(grid.harness_options.get(adapter.name, {})), api=grid.model.api)
-        state = adapter.make_state(harness_cell)
-        state.restore(None)  # an empty volume with the harness's config: a fresh start
-        return Prepared(box, state, adapter.make_learner(harness_cell))
 
     def standby(generation: int) -> Prepared:
         box = sandbox.standby(generation).start()
         try:
-            ready = prepared(box)
+            ready = prepare_harness(box, grid, cell, cell.row, prompts)
             ready.learner.prestart()
             return ready
         except BaseException:
@@ -216,7 +229,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     sandbox = DockerSandbox(spec).start()
     standbys = None
     try:
-        first = prepared(sandbox)
+        first = prepare_harness(sandbox, grid, cell, cell.row, prompts)
         state, learner, fault = first.state, first.learner, sandbox.fault
         if row(cell.row).wiped_before_each and grid.sandbox.standby:
             first.learner.prestart()  # the cell's own sandbox is as fresh as a standby
@@ -224,7 +237,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
             state, learner, fault = standbys.state, standbys.learner, standbys.fault
         SandboxRecord(proxy="container", model_base_url=sandbox.reverse_base_url(), upstream=upstream,
                       image=spec.image, container=sandbox.container.name, harness=adapter.name,
-                      version=adapter.version).write(CellPaths(cell_dir).sandbox)
+                      version=adapter.version).write(paths.sandbox)
         yield CellServices(sandbox.reverse_base_url(), state, local_executor,
                            ControlFile(journal_dir(cell_dir) / CONTROL_FILE), learner,
                            infrastructure=[fault])
