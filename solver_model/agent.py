@@ -16,6 +16,11 @@ names and schemas only (never by which harness is asking; `classify_tools`):
   block, a tool result, a program file's printout) is used: its pairs are held as pairs, its
   program is the first candidate. A stored program that reproduces every pair held (vacuously
   when none is) is submitted before any pair is bought: the note says it was verified;
+- a curation request ("Curate task <id>" and a path ending in "/<id>.py" in the latest user
+  message, carc's `curator_task`) gets the one program that reproduces every pair pooled from the
+  digest's pair lines and the notes about the task in context (the program most notes keep
+  first, then a bounded search's) written to that path as a program file, with the same tools in
+  the same order as a save; then, or when no program reproduces them all, it replies "done";
 - it never lists or reads anything it was not told about.
 
 It keeps no memory of its own: each reply is recovered from the whole conversation (its own
@@ -41,8 +46,8 @@ from typing import Any
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_list
 from orchestrator.protocol import Action, extract_action
-from solver_model.conversation import (ConversationState, Feedback, Mode, grid_after, message_text,
-                                       read_conversation)
+from solver_model.conversation import (ConversationState, Feedback, Mode, conversation_digest,
+                                       grid_after, message_text, read_conversation)
 from solver_model.policy import (FINISH, NOTHING_TO_ADD, Reply, SearchFn, _explore, _program_text,
                                  _run, _submit_text, reply, reply_generator)
 from solver_model.search import Program, Step, consistent
@@ -53,6 +58,7 @@ OUTPUT_MARKER = "carc-output task"
 # result it is retried at half, then with the program alone, before a file is written instead.
 NOTE_CHARS = (700, 350, 0)
 SAVED = "Saved."
+CURATED = "done"
 
 # --- tools, by role ----------------------------------------------------------------------------
 
@@ -254,7 +260,7 @@ class AgentReply:
     calls: tuple[ToolCall, ...] = ()
     program_description: str | None = None
     program: Program | None = None
-    purpose: str = "answer"  # answer | run | save
+    purpose: str = "answer"  # answer | run | save | curate
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,7 @@ class _Past:
     """One of this model's earlier tool calls and what came back."""
 
     index: int  # position of the assistant message
-    purpose: str  # run | save | other
+    purpose: str  # run | save | curate | other
     arguments: str
     result: str | None
     ok: bool
@@ -322,7 +328,8 @@ def _instance_start(msgs: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _past_calls(msgs: list[dict[str, Any]], start: int) -> list[_Past]:
+def _past_calls(msgs: list[dict[str, Any]], start: int, curated: str | None = None) -> list[_Past]:
+    """Its tool calls from `start` on; a program file written to the path `curated` is "curate"."""
     results: dict[str, str] = {}
     for message in msgs[start:]:
         if message.get("role") in ("tool", "function") and message.get("tool_call_id"):
@@ -343,7 +350,7 @@ def _past_calls(msgs: list[dict[str, Any]], start: int) -> list[_Past]:
             if OUTPUT_MARKER in arguments:
                 purpose = "run"
             elif NOTE_HEADER in arguments:
-                purpose = "save"
+                purpose = "curate" if curated and curated in _text_leaves(arguments) else "save"
             else:
                 purpose = "other"
             ok = not _failed(result)
@@ -416,6 +423,9 @@ def act(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]
     msgs = _messages(messages)
     state = state or read_conversation(msgs)
     roles = classify_tools(tools)
+    curation = _curation(msgs)
+    if curation is not None:
+        return _curate(msgs, curation, roles, effort, search, seed, _CallIds(state.digest))
     if state.mode is Mode.OTHER or state.task_id is None:
         return _answer(reply(state, effort, search, seed))
     start = _instance_start(msgs)
@@ -565,21 +575,7 @@ def _save_plan(msgs, ask: str, state: ConversationState, program: Program | None
     target = re.search(r"(\S+/" + re.escape(task) + r"\.py)\b", ask)
     plan: list[ToolCall] = []
     if target:  # a program file, where the message says
-        path = target.group(1).strip("`'\"")
-        source = program_file(task, program, pairs)
-        if WRITE in roles:
-            tool = roles[WRITE]
-            plan.append(ToolCall(ids(), tool.name, {**tool.extras, tool.path: path, tool.arg: source}))
-        if SHELL in roles:
-            tool = roles[SHELL]
-            plan.append(ToolCall(ids(), tool.name, {**tool.extras,
-                                                    tool.arg: _shell_write(path, source)}))
-        if PYTHON in roles:
-            tool = roles[PYTHON]
-            code = (f"import os;os.makedirs({json.dumps(path.rsplit('/', 1)[0] or '.')},exist_ok=True);"
-                    f"open({json.dumps(path)},'w').write({source!r})")
-            plan.append(ToolCall(ids(), tool.name, {**tool.extras, tool.arg: code}))
-        return plan
+        return _file_plan(target.group(1).strip("`'\""), program_file(task, program, pairs), roles, ids)
     context = _context_text(msgs)
     existing = bool(read_notes(context, task))
     if MEMORY in roles:
@@ -611,3 +607,85 @@ def _save_plan(msgs, ask: str, state: ConversationState, program: Program | None
         plan.append(ToolCall(ids(), tool.name, {**tool.extras,
                                                 tool.arg: _shell_write(f"carc-notes/{task}.md", note)}))
     return plan
+
+
+def _file_plan(path: str, source: str, roles: dict[str, Tool], ids: _CallIds) -> list[ToolCall]:
+    """Writing a file, to try in order: the file-write tool, else the shell, else python."""
+    plan: list[ToolCall] = []
+    if WRITE in roles:
+        tool = roles[WRITE]
+        plan.append(ToolCall(ids(), tool.name, {**tool.extras, tool.path: path, tool.arg: source}))
+    if SHELL in roles:
+        tool = roles[SHELL]
+        plan.append(ToolCall(ids(), tool.name, {**tool.extras, tool.arg: _shell_write(path, source)}))
+    if PYTHON in roles:
+        tool = roles[PYTHON]
+        code = (f"import os;os.makedirs({json.dumps(path.rsplit('/', 1)[0] or '.')},exist_ok=True);"
+                f"open({json.dumps(path)},'w').write({source!r})")
+        plan.append(ToolCall(ids(), tool.name, {**tool.extras, tool.arg: code}))
+    return plan
+
+
+# --- curating the shared library ----------------------------------------------------------------
+
+_CURATE_ASK = re.compile(r"\bCurate task (\S+?)[:.,;]?(?=\s|$)")
+_DIGEST_PAIRS = "Demonstration pairs"
+
+
+@dataclass(frozen=True)
+class _Curation:
+    """A curation request: where its user messages start, their text, the task and the path."""
+
+    first: int
+    text: str
+    task_id: str
+    path: str
+
+
+def _curation(msgs: list[dict[str, Any]]) -> _Curation | None:
+    block = _last_user_block(msgs)
+    asked = _CURATE_ASK.search(block[1]) if block else None
+    if block is None or asked is None:
+        return None
+    target = re.search(r"(\S+/" + re.escape(asked.group(1)) + r"\.py)\b", block[1])
+    if target is None:
+        return None
+    return _Curation(block[0], block[1], asked.group(1), target.group(1).strip("`'\""))
+
+
+def _digest_pairs(text: str) -> list[Demo]:
+    """The digest's pairs: one JSON [input, output] a line under its header, to a blank line."""
+    header = text.find(_DIGEST_PAIRS)
+    pairs: list[Demo] = []
+    for line in text[header:].splitlines()[1:] if header >= 0 else ():
+        if not line.strip():
+            break
+        try:
+            grid_in, grid_out = json.loads(line)
+            pairs.append(Demo(as_grid(grid_in), as_grid(grid_out)))
+        except (ValueError, TypeError, RecursionError):  # GridError and JSON errors included
+            continue
+    return pairs
+
+
+def _curate(msgs: list[dict[str, Any]], request: _Curation, roles: dict[str, Tool], effort: str,
+            search: SearchFn | None, seed: int, ids: _CallIds) -> AgentReply:
+    attempts = [c for c in _past_calls(msgs, request.first, request.path) if c.purpose == "curate"]
+    if any(c.ok for c in attempts):
+        return AgentReply(CURATED, purpose="curate")
+    notes = read_notes(_context_text(msgs), request.task_id)
+    pairs = tuple(dict.fromkeys(_digest_pairs(request.text) + [p for n in notes for p in n.pairs]))
+    kept = [n.program for n in notes if n.program is not None]
+    candidates = sorted(dict.fromkeys(kept), key=kept.count, reverse=True)  # stable: ties keep order
+    program = next((p for p in candidates if consistent(p, pairs)), None) if pairs else None
+    if program is None and pairs:
+        # seeded by the conversation up to the request, so a retry writes the same program
+        rng = reply_generator(seed, conversation_digest(msgs[:request.first + 1]))
+        found = (search or _explore)(pairs, effort, None, exclude=(), rng=rng).found
+        program = next((p for p in found if consistent(p, pairs)), None)
+    plan = _file_plan(request.path, program_file(request.task_id, program, pairs), roles, ids) \
+        if program is not None else []
+    if len(attempts) >= len(plan):
+        return AgentReply(CURATED, purpose="curate")
+    return AgentReply(None, (plan[len(attempts)],), program_description=program.describe(),
+                      program=program, purpose="curate")
