@@ -27,6 +27,9 @@ from sandboxes.environment import LeftOut, SandboxEnvironment, StateVolume
 from sandboxes.images import Recipe
 
 PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
+# A collective row's shared library in a user's sandbox: the round's files, written by the keeper
+# (orchestrator/run/collective/harness.py), which the harness reads and cannot change.
+SHARED_DIR = "/tmp/carc/shared"
 
 
 
@@ -265,6 +268,8 @@ class ConversationHarness(Learner):
         rules = [self.prompts.render("system")]
         if self.row.program_procedure:
             rules.append(self.prompts.render("program_procedure", programs_dir=PROGRAMS_DIR))
+        if self.row.shared == "learner":
+            rules.append(self.prompts.render("shared_library", shared_dir=SHARED_DIR))
         return rules
 
     # --- the protocol side, the same for every harness --------------------------------------
@@ -280,6 +285,24 @@ class ConversationHarness(Learner):
         self.open = True
         self.pending = "\n".join(self.opening_rules() + [self.prompts.instance_message(
             view.task_id, view.test_input, view.attempts_used, view.demos_used)])
+
+    def converse(self, message: str, deadline: float | None = None) -> Turn:
+        """One conversation of one message, outside any instance (a collective row's curator,
+        orchestrator/run/collective/harness.py): opened, sent, and closed (a failed one is
+        abandoned; its HarnessError reaches the caller)."""
+        self._close()
+        self.session = f"carc-{uuid.uuid4().hex[:12]}"
+        self.turns, self.task_id, self.deadline, self.broken = [], "", deadline, False
+        self.open_conversation(self.session)
+        self.open = True
+        try:
+            return self._send(message)
+        finally:
+            if self.broken:
+                self.open = False
+                self.abandon_conversation()
+            else:
+                self._close()
 
     def _send(self, message: str) -> Turn:
         try:

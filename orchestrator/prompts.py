@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 REQUIRED = ("system", "instance", "cached_header", "demo", "after_demo", "verdict_incorrect",
             "verdict_correct", "verdict_failed", "refused", "malformed", "program_system",
             "program_check_failed", "program_no_code", "store_invitation", "program_procedure",
-            "program_save_request", "malformed_failed", "malformed_warning")
+            "program_save_request", "malformed_failed", "malformed_warning", "shared_library",
+            "curator_task")
 # From this many malformed replies left before the cap, the learner is warned after each one.
 MALFORMED_WARNING = 5
 

@@ -41,7 +41,8 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row("program-procedure-wiped", True, program_procedure=True, twins=("memory-off",),
         help="the program procedure with the state wiped before every instance"),
     # The collective regime (orchestrator/run/collective/): each user keeps its own state as in
-    # memory-on, and also reads the round's shared state, merged from every user between rounds.
+    # memory-on, and also reads the round's shared state, merged from every user between rounds
+    # (a ladder learner's merge_shared; a harness's curator session).
     # Its twin is memory-on, which in a collective grid is the independent learner of each user.
     Row(COLLECTIVE, False, twins=(MEMORY_ON,), shared="learner",
         help="collective grids: the learner also reads the shared state of its round, merged "
@@ -56,7 +57,10 @@ ROWS: dict[str, Row] = {row.name: row for row in (
 
 COLLECTIVE_ROWS = tuple(r.name for r in ROWS.values() if r.shared)
 
-HARNESS_ROWS = (MEMORY_ON, "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped")
+# A harness's collective row (collective grids): its users read a library a curator session of
+# the harness rewrites between rounds (orchestrator/run/collective/harness.py).
+HARNESS_ROWS = (MEMORY_ON, "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped",
+                COLLECTIVE)
 
 
 def row_name(value: object) -> str:

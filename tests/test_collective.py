@@ -127,8 +127,11 @@ def test_a_collective_grid_refuses_what_it_cannot_run_and_says_what_to_do():
     assert _grid().track.fresh_reference is False
     framed = _grid(track={"name": "arc1", "source": "frames", "tasks": 3, "visits": 2, "epilogue": 0}).problems()
     assert any("generated instances" in message for _, message in framed)
-    harness = _grid(learners=[{"learner": "hermes-agent", "row": "memory-on"}]).problems()
-    assert any("not built yet" in message for _, message in harness)
+    harness = _grid(learners=[{"learner": "hermes-agent", "row": "memory-on"},
+                              {"learner": "hermes-agent", "row": "collective"}]).problems()
+    assert harness == []
+    procedure = _grid(learners=[{"learner": "hermes-agent", "row": "program-procedure"}]).problems()
+    assert any("not a collective grid's" in message for _, message in procedure)
     wiped = _grid(learners=[{"learner": "program-library", "row": "wiped"}]).problems()
     assert any("not a collective grid's" in message for _, message in wiped)
     single = GridConfig.model_validate({"name": "x", "learners": [

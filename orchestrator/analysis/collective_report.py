@@ -49,7 +49,10 @@ INTROS = {
         "users: compare a collective row's difference with its independent twin's."),
     "collective_updates": (
         "Update steps", "Between rounds, every row that shares rewrites what its users read next: "
-        "a collective row's shared state (merged from every user's state; what was kept), a trained "
+        "a collective row's shared state (merged from every user's state; what was kept), a "
+        "harness's library (rewritten by a curator session of the harness: tasks_curated, one "
+        "conversation per task met; curator_errors, those that failed; library_files, the task "
+        "files read back; library_changed, those that differ from the round before), a trained "
         "row's model (trained on every user's records; programs: the round's solved instances whose "
         "verified program it counted, unexplained: solved instances it found no program for, "
         "trained_on: programs counted so far; top_primitives: the prior's most counted). Round r's "

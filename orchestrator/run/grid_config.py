@@ -322,8 +322,9 @@ class GridConfig(_Strict):
 
     def _collective_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """A collective grid: generated instances (own, Re-ARC), one order, users instead of
-        seeds, ladder learners on rows memory-on (independent) or a collective row (collective,
-        trained); the collective rows nowhere else."""
+        seeds, learners on rows memory-on (independent) or a collective row (collective, trained;
+        a harness's collective row has a curator session between rounds); the collective rows
+        nowhere else."""
         if self.collective is None:
             return [(("learners", i), f"row {e.row} is for collective grids: add "
                      "collective: {users: N, round_slots: S} or use another row")
@@ -346,10 +347,7 @@ class GridConfig(_Strict):
             found.append((("collective", "users"), "the epilogue is served to half the users, then to "
                           "the other half: give at least 2 users, or epilogue: 0"))
         for i, entry in enumerate(self.learners):
-            if entry.learner in HARNESSES:
-                found.append((("learners", i), f"{entry.learner}: harness rows of the collective (a "
-                              "curator session between rounds) are not built yet; use the ladder"))
-            elif entry.row not in (MEMORY_ON, *COLLECTIVE_ROWS):
+            if entry.row not in (MEMORY_ON, *COLLECTIVE_ROWS):
                 found.append((("learners", i), f"row {entry.row} is not a collective grid's: use "
                               f"{MEMORY_ON} (each user's independent learner) or one of "
                               f"{', '.join(COLLECTIVE_ROWS)}"))

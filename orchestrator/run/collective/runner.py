@@ -46,8 +46,9 @@ from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPat
 from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, sandbox_limits
-from orchestrator.run.grid_config import Cell, GridConfig, load_grid, price_table, run_prices
-from orchestrator.run.runner import CellRunner, InfrastructureFault
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
+from orchestrator.run.collective.harness import LIBRARY, curate, user_sandbox
+from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault
 from orchestrator.run.schedule import ScheduledSlot
 from proxy.journal import make_tag
 
@@ -79,6 +80,7 @@ class UserRunner(CellRunner):
 
     user: int = 0
     schedule: list[UserSlot] = field(default_factory=list)
+    upstream: str = ""  # a harness user's proxy container calls this model URL
 
     def __post_init__(self) -> None:  # no cell.json per user: the row's cell folder has it
         self.paths = UserPaths(self.cell_dir)
@@ -94,16 +96,30 @@ class UserRunner(CellRunner):
     def _event(self, kind: str, slot: ScheduledSlot, **fields):
         return super()._event(kind, slot, user=self.user, round=self.round_of[slot.index], **fields)
 
-    def run_round(self, number: int, row_services: CellServices, shared_dir: Path | None,
+    def run_round(self, number: int, row_services: CellServices | None, shared_dir: Path | None,
                   stop: threading.Event, done: Callable[[], None]) -> int:
-        """Run this user's unfinished slots of round `number`; returns how many instances ran."""
-        slots = [u.slot for u in self.schedule if u.round == number]
-        truncate_torn_tail(self.events_path)
-        events = read_events(self.events_path)
-        finished = {e.slot for e in events if e.type == "instance_end"}
-        todo = [s for s in slots if s.index not in finished]
-        if not todo:
-            return 0
+        """Run this user's unfinished slots of round `number`; returns how many instances ran.
+        A harness user's sandbox that fails under it (an infrastructure fault) is replaced and
+        the instance continued from its records, as a single-user cell does."""
+        for restart in range(INFRASTRUCTURE_RESTARTS + 1):
+            try:
+                return self._run_round(number, row_services, shared_dir, stop, done)
+            except InfrastructureFault as exc:
+                if self.cell.learner not in HARNESSES or restart == INFRASTRUCTURE_RESTARTS:
+                    raise
+                log.warning("infrastructure_fault_restart", cell=self.cell.cell, user=self.user,
+                            fault=str(exc), restart=restart + 1)
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def _services(self, row_services: CellServices | None, shared_dir: Path | None) -> Iterator[CellServices]:
+        """A harness user's sandbox for the round; a ladder user's view of its row's services."""
+        if self.cell.learner in HARNESSES:
+            library = shared_dir / LIBRARY if shared_dir is not None else None
+            with user_sandbox(self.grid, self.cell, self.paths, self.upstream, library) as services:
+                yield services
+            return
+        assert row_services is not None
         endpoint = self.grid.model.endpoint_for(self.cell.effort, row_services.model_base_url)
         price = price_table(self.grid).lookup(self.grid.model.name)
         if price is not None:
@@ -111,40 +127,52 @@ class UserRunner(CellRunner):
                                                    "output_usd_per_mtok": price.output_per_m})
         if row_services.proxy is not None:  # the proxy injects the real key; the learner has none
             endpoint = endpoint.model_copy(update={"api_key_env": ""})
-        model = ChatModel(endpoint)
-        self.services = CellServices(row_services.model_base_url, HostStateDir(self.state_dir),
-                                     row_services.executor,
-                                     TagControl(model, self.user) if row_services.proxy is not None else None,
-                                     infrastructure=row_services.infrastructure)
-        # The state as it was after this user's last finished instance (a killed instance's
-        # writes, if any, are undone), whatever round that was in.
-        before = [u.slot for u in self.schedule if u.slot.index in finished]
-        self._restore(before[-1] if before else None)
-        learner = ladder_learner(self.cell, self.state_dir, self.prompts, model, row_services.executor)
-        learner.shared_dir = shared_dir
-        ran = 0
-        try:
-            with EventLog(self.events_path) as journal:
-                for slot in todo:
-                    if stop.is_set():
-                        break
-                    partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
-                    try:
-                        self._run_slot(slot, learner, journal, partial)
-                    except (InfrastructureFault, RecordsUnwritable):
-                        raise
-                    except Exception as exc:  # outside the learner's turn
-                        fault = self.services.fault()
-                        if not fault:
+        self.model = ChatModel(endpoint)
+        yield CellServices(row_services.model_base_url, HostStateDir(self.state_dir), row_services.executor,
+                           TagControl(self.model, self.user) if row_services.proxy is not None else None,
+                           infrastructure=row_services.infrastructure)
+
+    def _run_round(self, number: int, row_services: CellServices | None, shared_dir: Path | None,
+                   stop: threading.Event, done: Callable[[], None]) -> int:
+        slots = [u.slot for u in self.schedule if u.round == number]
+        truncate_torn_tail(self.events_path)
+        events = read_events(self.events_path)
+        finished = {e.slot for e in events if e.type == "instance_end"}
+        todo = [s for s in slots if s.index not in finished]
+        if not todo:
+            return 0
+        with self._services(row_services, shared_dir) as services:
+            self.services = services
+            # The state as it was after this user's last finished instance (a killed instance's
+            # writes, if any, are undone), whatever round that was in.
+            before = [u.slot for u in self.schedule if u.slot.index in finished]
+            self._restore(before[-1] if before else None)
+            learner = services.harness or ladder_learner(self.cell, self.state_dir, self.prompts, self.model,
+                                                         services.executor)
+            learner.shared_dir = shared_dir if services.harness is None else None
+            ran = 0
+            try:
+                with EventLog(self.events_path) as journal:
+                    for slot in todo:
+                        if stop.is_set():
+                            break
+                        partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                        try:
+                            self._run_slot(slot, learner, journal, partial)
+                        except (InfrastructureFault, RecordsUnwritable):
                             raise
-                        journal.append(self._event("infrastructure_fault", slot,
-                                                   error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
-                        raise InfrastructureFault(f"user {self.user} slot {slot.index}: {fault}") from exc
-                    self.services.set_slot(None, "between")
-                    ran += 1
-                    done()
-        finally:
-            learner.close()
+                        except Exception as exc:  # outside the learner's turn
+                            fault = services.fault()
+                            if not fault:
+                                raise
+                            journal.append(self._event("infrastructure_fault", slot,
+                                                       error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
+                            raise InfrastructureFault(f"user {self.user} slot {slot.index}: {fault}") from exc
+                        services.set_slot(None, "between")
+                        ran += 1
+                        done()
+            finally:
+                learner.close()
         return ran
 
     def _keep_transcript(self, slot: ScheduledSlot, transcript: list) -> None:
@@ -168,10 +196,11 @@ def latest_snapshot(paths: UserPaths) -> Path | None:
     return found[-1] if found else None
 
 
-def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -> Path:
+def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, upstream: str = "") -> Path:
     """Write the shared state of round `number` (round 0: empty) from round `number - 1`'s
-    shared state and every user's state after its last instance, unless it is written already.
-    Resumable: the folder is built beside its place and renamed into it when whole."""
+    shared state and every user's state after its last instance, unless it is written already
+    (a harness's: its curator session, calling the model at `upstream`). Resumable: the folder
+    is built beside its place and renamed into it when whole."""
     target = paths.shared_round(number)
     if target.exists():
         return target
@@ -181,7 +210,7 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -
     started = time.monotonic()
     record: dict = {"round": number, "users": 0}
     if number > 0:
-        previous = update_shared(grid, cell, paths, number - 1)
+        previous = update_shared(grid, cell, paths, number - 1, upstream)
         assert grid.collective is not None
     if number > 0 and row(cell.row).shared == "model":
         trainer = trainer_class(grid.collective.trainer)(grid, cell)
@@ -189,6 +218,10 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int) -
         if RoundModel.read(tmp) is None:  # what the next round serves is readable before it is kept
             raise RuntimeError(f"trainer {grid.collective.trainer} wrote no {tmp.name}/model.json")
         record.update(users=grid.collective.users, **counts)
+    elif number > 0 and cell.learner in HARNESSES:
+        tasks = {u.slot.task_id for u in user_schedule(grid, cell, 0)}  # every user meets every task
+        record.update(users=grid.collective.users,
+                      **curate(grid, cell, paths, number, previous, tmp, upstream, tasks))
     elif number > 0:
         with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
             kept = []
@@ -326,7 +359,7 @@ def round_model(grid: GridConfig, cell: Cell, run_dir: Path, shared: Path, numbe
 def execute_collective(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> list[str]:
     """Run (or continue) every row of the collective run in `run_dir` through all its rounds.
     Returns [] (a collective row has no dollar cap of its own yet)."""
-    from orchestrator.run.grid_run import prepare_sandboxes, run_grid_path
+    from orchestrator.run.grid_run import needs_docker, prepare_sandboxes, run_grid_path
     from orchestrator.run.status import mark_started
 
     run_dir = Path(run_dir)
@@ -334,8 +367,7 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
     assert grid.collective is not None, f"{run_dir}: not a collective grid"
     cells = grid.cells()
     run_prices(run_dir)
-    docker = grid.sandbox.engine == "docker" and any(
-        registry.learner_class(c.learner).runs_programs for c in cells)
+    docker = needs_docker(grid)  # harness rows' sandboxes, the program library's checks
     if docker:
         prepare_sandboxes(grid, run_dir, show_progress)
     mark_started(run_dir)
@@ -352,7 +384,7 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
         _run_rows(grid, run_dir, cells, schedules, plan, workers, checkers, progress, stop, failures)
     finally:  # after every user thread has ended: no check is ever cut off by its teardown
         checkers.close()
-        if docker:  # catches what a killed checker left
+        if docker:  # catches what a killed checker or user left
             from sandboxes.docker_sandbox import prune
             prune(run=run_dir.name)
     if failures:
@@ -362,13 +394,19 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
 
 def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dict, plan, workers: int,
               checkers: Checkers, progress: Progress, stop: threading.Event, failures: list[str]) -> None:
-    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.grid_run import harness_learners, model_service
     from orchestrator.run.status import record_failure
 
     users = len(next(iter(schedules.values())))
+    # Harness proxies run in containers: the model listens on the host's docker0 address then.
+    host = "127.0.0.1"
+    if harness_learners(grid):
+        from sandboxes.images import docker_client
+        from sandboxes.networks import host_address
+        host = host_address(docker_client())
     # the embedded model: one server whose processes (one per core) share its port, so every
     # row's proxy has one upstream and the kernel spreads the calls
-    with model_service(grid, RunPaths(run_dir).logs, 1, processes=os.cpu_count() or 1) as urls, \
+    with model_service(grid, RunPaths(run_dir).logs, 1, host=host, processes=os.cpu_count() or 1) as urls, \
             progress, ThreadPoolExecutor(workers, thread_name_prefix="user") as pool, ExitStack() as stack:
 
         def drive(cell: Cell) -> None:
@@ -379,15 +417,16 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
             done_before = sum(sum(1 for e in read_events(paths.user(u).events) if e.type == "instance_end")
                               for u in range(users))
             bar = progress.add_task(cell.cell, total=total, completed=done_before)
-            runners = [UserRunner(grid, cell, paths.user(u).root, "", schedule=schedules[cell.cell][u], user=u)
-                       for u in range(users)]
+            runners = [UserRunner(grid, cell, paths.user(u).root, "", schedule=schedules[cell.cell][u], user=u,
+                                  upstream=urls[0]) for u in range(users)]
             trained = shares(grid, cell) and row(cell.row).shared == "model"
             with ExitStack() as row_stack:
-                # one proxy for the row's whole run; a trained row's follows its model, round by round
-                services = None if trained else row_stack.enter_context(
+                # one proxy for the row's whole run; a trained row's follows its model, round by
+                # round; a harness's users have one each, in their sandboxes
+                services = None if trained or cell.learner in HARNESSES else row_stack.enter_context(
                     row_services(grid, cell, paths, urls[0], checkers))
                 for number in range(plan.total):
-                    shared = update_shared(grid, cell, paths, number) if shares(grid, cell) else None
+                    shared = update_shared(grid, cell, paths, number, urls[0]) if shares(grid, cell) else None
                     with ExitStack() as round_stack:
                         if trained:
                             assert shared is not None
