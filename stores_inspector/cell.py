@@ -1,7 +1,8 @@
 """One cell's records as the runner wrote them: settings, instances, journal, transcripts.
 
 Layout read (orchestrator/run/runner.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
-`.gz`), `journal/journal.jsonl`, `transcripts/NNNNN.json`, `snapshots/NNNNN.tar.gz`, `logs/NNNNN/`.
+`.gz`), `journal/journal.jsonl`, `transcripts/NNNNN.json`, `snapshots/NNNNN.tar.gz`, `logs/NNNNN/`;
+a collective grid's harness user the same in `users/uNNNN/`, its transcripts in one gzip file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.records import CellPaths, Event
+from orchestrator.records import CellPaths, Event, UserPaths
 from orchestrator.rows import STATELESS_ROWS, row_name
 from proxy.journal import JOURNAL_FILE, JournalEntry
 from stores_inspector.reading import Problems, read_json, read_jsonl
@@ -66,17 +67,23 @@ class InspectedCell:
 
     @classmethod
     def read(cls, folder: Path) -> "InspectedCell":
-        problems = Problems(folder.name)
-        paths = CellPaths(folder)
-        settings = read_json(_read(paths.settings, problems, required=True), "cell.json", problems) or {}
+        """A cell folder, or a collective grid's user folder (`cells/<row>/users/uNNNN/`, named
+        `<row>/uNNNN`: the row's settings, the user's own records)."""
+        user = is_user_folder(folder)
+        name = f"{folder.parent.parent.name}/{folder.name}" if user else folder.name
+        problems = Problems(name)
+        paths = UserPaths(folder) if user else CellPaths(folder)
+        settings_path = paths.cell.settings if user else paths.settings
+        settings = read_json(_read(settings_path, problems, required=True), "cell.json", problems) or {}
         sandbox = read_json(_read(paths.sandbox, problems), "sandbox.json", problems) or {}
         harness = sandbox.get("harness") or settings.get("learner")
         instances = _instances(folder, problems)
         for instance in instances.values():
             if instance.wiped_before is None:  # format 1 records do not say: the row's rule then
                 instance.wiped_before = row_name(settings.get("row")) in STATELESS_ROWS or instance.phase == "fresh"
-        records = cls(folder.name, folder, settings, harness, instances,
-                      _journal(folder, problems), _transcripts(folder, problems), problems)
+        transcripts = _user_transcripts(paths, problems) if user else _transcripts(folder, problems)
+        records = cls(name, folder, settings, harness, instances, _journal(folder, problems), transcripts,
+                      problems)
         records._starts = sorted((i.start_t, i.slot) for i in records.instances.values() if i.start_t)
         return records
 
@@ -186,6 +193,18 @@ def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:
         except (TypeError, ValueError) as exc:
             problems.add(f"journal/{path.name}", f"an entry skipped ({str(exc)[:200]})")
     return sorted(entries, key=lambda e: e.t_start or 0.0)
+
+
+def is_user_folder(folder: Path) -> bool:
+    return folder.parent.name == "users" and (folder.parent.parent / "cell.json").exists()
+
+
+def _user_transcripts(paths: UserPaths, problems: Problems) -> dict[int, list[Any]]:
+    try:
+        return {slot: value if isinstance(value, list) else [] for slot, value in paths.read_transcripts().items()}
+    except (OSError, EOFError, ValueError) as exc:
+        problems.add(paths.transcripts_file.name, f"unreadable ({exc})")
+        return {}
 
 
 def _transcripts(folder: Path, problems: Problems) -> dict[int, list[Any]]:

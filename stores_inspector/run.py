@@ -13,9 +13,9 @@ import pandas as pd
 
 from orchestrator.analysis import measures
 from orchestrator.analysis.report import load_run
-from orchestrator.records import RunPaths
+from orchestrator.records import CellPaths, RunPaths
 from stores_inspector import report, returns, timeline
-from stores_inspector.cell import InspectedCell
+from stores_inspector.cell import InspectedCell, is_user_folder
 from stores_inspector.material import TaskMaterial
 from stores_inspector.parser import StoreContext, parser_for
 
@@ -50,6 +50,19 @@ class InspectResult:
                      .to_parquet(out_dir / f"{name}.parquet", index=False)
         (out_dir / "inspect.md").write_text(self.markdown, encoding="utf-8")
         return out_dir
+
+
+def _inspected_folders(cell: CellPaths) -> list[Path]:
+    """A cell's folder; a collective grid's row: its harness users' folders (each has a sandbox
+    of its own; a ladder row's users keep their state on the host, with nothing to inspect)."""
+    users = cell.user_folders()
+    if not users:
+        return [cell.root]
+    return [u.root for u in users if u.sandbox.exists()]
+
+
+def _name(folder: Path) -> str:
+    return f"{folder.parent.parent.name}/{folder.name}" if is_user_folder(folder) else folder.name
 
 
 def inspect_cell(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any], str]:
@@ -96,13 +109,14 @@ def twins(run_dir: Path, notes: list[str]) -> pd.DataFrame | None:
 def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
     """Inspect every cell of RUN (or only `cell`); nothing in a cell's stores can make it fail."""
     run_dir = Path(run_dir)
-    folders = [c.root for c in RunPaths(run_dir).cell_folders()]
-    if not folders:
+    cells = RunPaths(run_dir).cell_folders()
+    if not cells:
         raise ValueError(f"{run_dir}: no cells/ folder with cells in it; is this a run directory?")
+    folders = [f for c in cells for f in _inspected_folders(c)]
     if cell is not None:
-        folders = [p for p in folders if p.name == cell]
+        folders = [p for p in folders if cell in (p.name, p.parent.parent.name, _name(p))]
         if not folders:
-            known = ", ".join(c.name for c in RunPaths(run_dir).cell_folders())
+            known = ", ".join(_name(f) for c in cells for f in _inspected_folders(c))
             raise ValueError(f"{run_dir}: no cell {cell!r}; cells: {known}")
     per_table: dict[str, list[pd.DataFrame]] = {}
     summaries, sections = [], []
@@ -110,8 +124,8 @@ def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
         try:
             tables, summary, section = inspect_cell(folder)
         except Exception as exc:  # a reader bug on one cell's stores must not lose the other cells
-            tables, summary = {}, {"cell": folder.name, "problem": f"{type(exc).__name__}: {exc}"[:500]}
-            section = (f"## {folder.name}\n\nThis cell could not be inspected ({summary['problem']}); "
+            tables, summary = {}, {"cell": _name(folder), "problem": f"{type(exc).__name__}: {exc}"[:500]}
+            section = (f"## {_name(folder)}\n\nThis cell could not be inspected ({summary['problem']}); "
                        f"the other cells are unaffected. Please report it with the cell folder.\n")
         for name, frame in tables.items():
             per_table.setdefault(name, []).append(frame)

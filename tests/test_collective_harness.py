@@ -109,6 +109,7 @@ def test_the_curator_writes_the_library_from_the_rounds_digest_in_its_own_sandbo
     # every curator call went through its own proxy, between instances
     calls = [e for e in read_journal(second / "curator" / "journal") if not e.refused and e.api != "other"]
     assert calls and all(e.slot is None for e in calls)
+    assert update["curator_calls"] == len(calls) and update["curator_aborted"] == 0
     assert (second / "curator-state.tar.gz").exists()
 
 
@@ -129,6 +130,21 @@ def test_next_rounds_users_run_the_library_file_and_the_independent_row_never_se
     for user in paths.cell(INDEPENDENT).user_folders():
         assert "/tmp/carc/shared" not in json.dumps(user.read_transcripts())
         assert not (paths.cell(INDEPENDENT).root / "shared").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_inspector_reads_every_harness_user_as_a_cell_of_its_own(run_dir):
+    from stores_inspector import inspect_run
+    result = inspect_run(run_dir)
+    users = {f"{c}/u{u:04d}" for c in (INDEPENDENT, COLLECTIVE) for u in range(USERS)}
+    assert {s["cell"] for s in result.summaries} == users
+    assert not [s for s in result.summaries if "problem" in s]
+    instances = result.tables["instances"]
+    assert len(instances) == len(users) * SLOTS and instances["status"].notna().all()
+    for user in RunPaths(run_dir).cell(COLLECTIVE).user_folders():  # every snapshot kept, for this
+        assert len(list(user.snapshots.glob("*.tar.gz"))) == SLOTS
+    assert inspect_run(run_dir, cell=f"{COLLECTIVE}/u0001").summaries[0]["cell"] == f"{COLLECTIVE}/u0001"
 
 
 # --- reading what the curator and the users kept (no Docker) -----------------------------------
@@ -183,3 +199,25 @@ def test_kept_passages_are_the_lines_that_mention_a_task_up_to_a_blank_line(tmp_
     assert found["own-b"] == [("memories/MEMORY.md", "own-b is like own-a")]
     assert collective_harness.transcript_messages([{"user": "u", "assistant": "a"}]) == [
         {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+
+
+def test_a_killed_curators_journal_is_kept_beside_the_round_and_the_update_done_again(tmp_path):
+    """What a curator killed mid-update called is on record; the update is built again whole."""
+    from orchestrator.records import CellPaths
+    from orchestrator.run.collective.runner import update_shared
+    from orchestrator.run.grid_config import GridConfig
+
+    grid = GridConfig.model_validate({"name": "x", "collective": {"users": 1, "round_slots": 1},
+                                      "track": {"name": "own", "tasks": 1, "visits": 2, "epilogue": 0},
+                                      "learners": [{"learner": "demo-cache-floor", "row": "collective"}],
+                                      "sandbox": {"engine": "process"}})
+    cell = next(c for c in grid.cells())
+    paths = CellPaths(tmp_path / "runs" / "x" / "cells" / cell.cell)
+    killed = paths.shared_round(1).with_name("round-001.tmp") / "curator" / "journal"
+    killed.mkdir(parents=True)
+    (killed / "journal.jsonl").write_text('{"id": "a call the killed curator made"}\n')
+    written = update_shared(grid, cell, paths, 1)
+    assert json.loads((written / "update.json").read_text())["round"] == 1
+    kept = paths.shared_round(1).with_name("round-001.aborted") / "attempt-1" / "journal" / "journal.jsonl"
+    assert "the killed curator" in kept.read_text()
+    assert not paths.shared_round(1).with_name("round-001.tmp").exists()

@@ -18,7 +18,9 @@ the round) that mention the task. No test output of the records enters the diges
 users were shown and what they chose to keep. The library is then read back from the curator's
 snapshot: one regular file per task of the grid, `<task id>.py`, at most `LIBRARY_FILE_BYTES`
 each, into `shared/round-r/library/` on the host; nothing the curator wrote is followed or
-extracted anywhere else.
+extracted anywhere else. The update's record counts the curator's calls and dollars; a curator
+killed mid-update leaves its journal in `shared/round-r.aborted/attempt-N/` (its calls were made
+and paid for), and the update is done again whole.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from orchestrator.run.cell_services import CellServices, ControlFile, harness_sp
 from orchestrator.run.collective.training import InstanceRecord, RoundRecords
 from orchestrator.run.grid_config import Cell, GridConfig
 from proxy.host import CONTROL_FILE
+from proxy.journal import read_journal
 
 log = structlog.get_logger("carc.collective")
 
@@ -235,8 +238,12 @@ def curate(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, previous
     written = read_library(out / CURATOR_STATE, out / LIBRARY, tasks)
     before = {p.name: p.read_bytes() for p in library_files(previous / LIBRARY)}
     changed = sum(before.get(p.name) != p.read_bytes() for p in library_files(out / LIBRARY))
+    calls = [e for e in read_journal(journal) if not e.refused and e.api != "other"]
+    aborted = paths.shared_round(number).with_name(paths.shared_round(number).name + ".aborted")
     return {"tasks_curated": len(digests), "curator_errors": errors, "library_files": written,
-            "library_changed": changed}
+            "library_changed": changed, "curator_calls": len(calls),
+            "curator_usd": round(sum(e.cost_usd or 0.0 for e in calls), 6),
+            "curator_aborted": len(list(aborted.iterdir())) if aborted.is_dir() else 0}
 
 
 def read_library(snapshot: Path, dest: Path, tasks: set[str]) -> int:

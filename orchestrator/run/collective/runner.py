@@ -47,7 +47,7 @@ from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
-from orchestrator.run.collective.harness import LIBRARY, curate, user_sandbox
+from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
 from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault
 from orchestrator.run.schedule import ScheduledSlot
 from proxy.journal import make_tag
@@ -182,9 +182,12 @@ class UserRunner(CellRunner):
             handle.write(line.encode("utf-8", "surrogatepass"))
 
     def _snapshot(self, slot: ScheduledSlot) -> list:
-        """The state after this instance; the user's earlier snapshot goes (resume and the update
-        step only ever need the latest)."""
+        """The state after this instance. A ladder user's earlier snapshot goes (resume and the
+        update step only ever need the latest); a harness user's are kept, as a single-user
+        cell's, for the inspector's account of what it kept and when."""
         left_out = self.services.state.snapshot(self.paths.snapshot(slot.index))
+        if self.cell.learner in HARNESSES:
+            return left_out
         for path in self.paths.snapshots.glob("*.tar.gz"):
             if path != self.paths.snapshot(slot.index):
                 path.unlink(missing_ok=True)
@@ -205,6 +208,10 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, u
     if target.exists():
         return target
     tmp = target.with_name(target.name + ".tmp")
+    if (tmp / CURATOR).is_dir():  # a killed curator's calls are records too: kept beside the round
+        aborted = target.with_name(target.name + ".aborted")
+        aborted.mkdir(exist_ok=True)
+        os.replace(tmp / CURATOR, aborted / f"attempt-{len(list(aborted.iterdir())) + 1}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     started = time.monotonic()
