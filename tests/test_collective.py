@@ -25,6 +25,7 @@ from harness_adapters.program_library import ProgramLibrary
 from orchestrator.arc import Demo
 from orchestrator.run.collective import runner as collective_runner
 from orchestrator.run.collective.schedule import rounds, user_schedule, user_seed
+from orchestrator.run.collective.training import RoundModel, RoundTrainer
 from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import GridConfig, load_grid
 from orchestrator.run.collective.runner import execute_collective as execute
@@ -306,6 +307,71 @@ def test_the_trained_row_meets_its_twin_until_its_first_update_then_calls_the_tr
         assert logs, f"round {number}: no model server was started with its prior"
     assert total > 0
     assert not (paths.shared_round(0) / "model.json").exists()  # round 0: the grid's own model
+
+
+class EndpointTrainer(RoundTrainer):
+    """A trainer of a model served elsewhere, as one that fine-tunes at a provider would be:
+    each update names the endpoint and the model of the next round (`ENDPOINT`, set by the test)."""
+
+    ENDPOINT = ""
+
+    def between_rounds(self, records, previous, out) -> dict[str, int]:
+        seen = sum(1 for _ in records.instances())
+        before = RoundModel.read(previous)
+        total = (before.trained_on if before else 0) + seen
+        RoundModel(endpoint=self.ENDPOINT, name=f"carc-solver-tuned-{records.number + 1}",
+                   trained_on=total).write(out)
+        return {"instances": seen}
+
+
+def test_a_trained_model_served_elsewhere_is_called_by_name_through_the_rows_proxy(tmp_path):
+    """A trainer may name a model at another endpoint (a model it fine-tuned): from the first
+    update on, every call of the row's users goes through the row's journaling proxy to that
+    endpoint, under that round's name; round 0 calls the grid's model."""
+    from tests.solver_endpoint import SolverEndpoint, serve
+
+    url, server = serve()
+    EndpointTrainer.ENDPOINT = url
+    SolverEndpoint.arm(None)
+    try:
+        run_dir = tmp_path / "runs" / "tuned"
+        (run_dir / "cells").mkdir(parents=True)
+        (run_dir / "grid.yaml").write_text(textwrap.dedent("""\
+            name: tuned
+            seed: 5
+            track: {name: own, tasks: 2, visits: 2, epilogue: 0}
+            collective: {users: 2, round_slots: 2, trainer: "tests.test_collective:EndpointTrainer"}
+            efforts: [low]
+            learners: [{learner: stateless-floor, row: trained}]
+            sandbox: {engine: process}
+            workers: 2
+            """))
+        assert execute(run_dir, show_progress=False) == []
+    finally:
+        server.shutdown()
+    cell = RunPaths(run_dir).cell_folders()[0]
+    rounds_of = {(e.user, e.slot): e.round for u in cell.user_folders() for e in read_events(u.events)
+                 if e.type == "instance_end"}
+    assert sorted(set(rounds_of.values())) == [0, 1]
+    entries = [e for e in read_journal(cell.journal) if not e.refused]
+    names = {(e.user, e.slot): e.request["model"] for e in entries}
+    assert {names[key] for key, number in rounds_of.items() if number == 0} == {"carc-solver"}
+    assert {names[key] for key, number in rounds_of.items() if number == 1} == {"carc-solver-tuned-1"}
+    later = sum(1 for e in entries if rounds_of[(e.user, e.slot)] == 1)
+    assert later and SolverEndpoint.calls == later  # every call of round 1 reached the endpoint
+    model = RoundModel.read(cell.root / "shared" / "round-001")
+    assert model.endpoint == url and model.trained_on == 4
+
+
+def test_a_round_model_is_one_model_and_says_which_field_is_wrong():
+    with pytest.raises(ValueError, match="exactly one of prior"):
+        RoundModel(trained_on=1)
+    with pytest.raises(ValueError, match="exactly one of prior"):
+        RoundModel(prior="prior.json", endpoint="https://api.example.com/v1")
+    with pytest.raises(ValueError, match="not an http"):
+        RoundModel(endpoint="file:///etc/passwd")
+    with pytest.raises(ValueError, match="give endpoint too"):
+        RoundModel(prior="prior.json", name="m")
 
 
 def _run_cli(run_dir: Path) -> subprocess.Popen:

@@ -81,6 +81,7 @@ class UserRunner(CellRunner):
     user: int = 0
     schedule: list[UserSlot] = field(default_factory=list)
     upstream: str = ""  # a harness user's proxy container calls this model URL
+    model_name: str = ""  # the model a trained row's round calls ("": the grid's)
 
     def __post_init__(self) -> None:  # no cell.json per user: the row's cell folder has it
         self.paths = UserPaths(self.cell_dir)
@@ -121,7 +122,9 @@ class UserRunner(CellRunner):
             return
         assert row_services is not None
         endpoint = self.grid.model.endpoint_for(self.cell.effort, row_services.model_base_url)
-        price = price_table(self.grid).lookup(self.grid.model.name)
+        if self.model_name:
+            endpoint = endpoint.model_copy(update={"model": self.model_name})
+        price = price_table(self.grid).lookup(endpoint.model) or price_table(self.grid).lookup(self.grid.model.name)
         if price is not None:
             endpoint = endpoint.model_copy(update={"input_usd_per_mtok": price.input_per_m,
                                                    "output_usd_per_mtok": price.output_per_m})
@@ -349,18 +352,22 @@ def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
 
 @contextmanager
 def round_model(grid: GridConfig, cell: Cell, run_dir: Path, shared: Path, number: int,
-                untrained: str) -> Iterator[str]:
-    """The base URL of the model a trained row's users call in round `number`: the grid's model
-    until the first update, then the embedded model served with the round's trained prior."""
+                untrained: str) -> Iterator[tuple[str, str]]:
+    """(base URL, model name) of the model a trained row's users call in round `number`: the
+    grid's model until the first update, then the round's: the embedded model served with its
+    trained prior, or the model it names at another endpoint."""
     from orchestrator.run.grid_run import model_service
 
     model = RoundModel.read(shared)
     if model is None:
-        yield untrained
+        yield untrained, grid.model.name
+        return
+    if model.endpoint is not None:
+        yield model.endpoint, model.name or grid.model.name
         return
     with model_service(grid, RunPaths(run_dir).logs, 1, tag=f"{cell.cell}-round{number}-",
                        processes=os.cpu_count() or 1, prior=model.prior_path(shared)) as urls:
-        yield urls[0]
+        yield urls[0], grid.model.name
 
 
 def execute_collective(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> list[str]:
@@ -437,8 +444,10 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
                     with ExitStack() as round_stack:
                         if trained:
                             assert shared is not None
-                            upstream = round_stack.enter_context(
+                            upstream, name = round_stack.enter_context(
                                 round_model(grid, cell, run_dir, shared, number, urls[0]))
+                            for runner in runners:
+                                runner.model_name = name
                             services = round_stack.enter_context(
                                 row_services(grid, cell, paths, upstream, checkers))
                         readable = shared if row(cell.row).shared == "learner" else None

@@ -9,7 +9,10 @@ into a new folder (`shared/round-r/`, written whole by `runner.update_shared`):
     class MyTrainer(RoundTrainer):
         def between_rounds(self, records, previous, out) -> dict[str, int]: ...
 
-It writes `model.json` (a `RoundModel`) there, and returns counts for the round's update.json.
+It writes `model.json` (a `RoundModel`) there, and returns counts for the round's update.json:
+either a prior of the embedded model (a file beside it), or the endpoint and name of a model
+served elsewhere (a model it fine-tuned at a provider), which the round's users then call with
+the grid's API and key, through the row's journaling proxy.
 Round 0 has no trained model: its users call the grid's model, as the row's memory-on twin does,
 so the two rows agree exactly until the first update.
 
@@ -29,8 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.arc import as_grid, GridError
 from orchestrator.records import CellPaths, Event, read_events
@@ -42,12 +46,28 @@ MODEL_FILE = "model.json"
 
 
 class RoundModel(BaseModel):
-    """The model a round's users call (`model.json` in the round's shared folder)."""
+    """The model a round's users call (`model.json` in the round's shared folder): the embedded
+    model served with a prior trained here, or a model served elsewhere (a model fine-tuned
+    between rounds, at its provider): its endpoint and name, called with the grid's API and key
+    through the row's journaling proxy."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prior: str = Field(description="the embedded model's primitive prior: a file in this folder")
-    trained_on: int = Field(0, description="programs the model was trained on so far")
+    prior: str | None = Field(None, description="the embedded model's primitive prior: a file in this folder")
+    endpoint: str | None = Field(None, description="the base URL of a model served elsewhere (http or https)")
+    name: str | None = Field(None, description="with endpoint: the model's name there (default: the grid's)")
+    trained_on: int = Field(0, description="programs (or records) the model was trained on so far")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "RoundModel":
+        if (self.prior is None) == (self.endpoint is None):
+            raise ValueError("give exactly one of prior (the embedded model's) and endpoint (a model "
+                             "served elsewhere)")
+        if self.endpoint is not None and urlparse(self.endpoint).scheme not in ("http", "https"):
+            raise ValueError(f"endpoint {self.endpoint!r}: not an http(s) URL")
+        if self.name is not None and self.endpoint is None:
+            raise ValueError("name is the name of the model at endpoint: give endpoint too")
+        return self
 
     def write(self, folder: Path) -> None:
         (folder / MODEL_FILE).write_text(self.model_dump_json(indent=1) + "\n")
@@ -62,11 +82,13 @@ class RoundModel(BaseModel):
             model = cls.model_validate_json(path.read_text())
         except ValueError as exc:
             raise ValueError(f"{path}: not a round's model ({exc})") from exc
-        if not (folder / model.prior).is_file() or Path(model.prior).name != model.prior:
+        if model.prior is not None and (not (folder / model.prior).is_file()
+                                        or Path(model.prior).name != model.prior):
             raise ValueError(f"{path}: prior {model.prior!r} is not a file of {folder}")
         return model
 
     def prior_path(self, folder: Path) -> Path:
+        assert self.prior is not None, "a model served elsewhere has no prior here"
         return folder / self.prior
 
 
