@@ -158,6 +158,11 @@ class UserPaths(CellPaths):
     def run(self) -> RunPaths:
         return self.cell.run
 
+    def latest_snapshot(self) -> Path | None:
+        """The user's state after its last instance so far (None before its first)."""
+        found = sorted(self.snapshots.glob("*.tar.gz"))
+        return found[-1] if found else None
+
     def read_transcripts(self) -> dict[int, list]:
         """The user's transcripts by slot (one gzip member per slot; the last member for a slot
         run twice); a member torn by a kill is skipped."""

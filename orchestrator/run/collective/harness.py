@@ -153,7 +153,6 @@ def kept_passages(snapshot: Path, tasks: set[str]) -> dict[str, list[tuple[str, 
 
 def round_digest(records: RoundRecords, tasks: set[str]) -> dict[str, str]:
     """task -> the digest the curator reads about it (every task met in the round, in order)."""
-    from orchestrator.run.collective.runner import latest_snapshot
     from solver_model.conversation import read_conversation
 
     met: dict[str, list[InstanceRecord]] = defaultdict(list)
@@ -161,7 +160,7 @@ def round_digest(records: RoundRecords, tasks: set[str]) -> dict[str, str]:
         met[instance.task].append(instance)
     passages: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     for user in range(records.users):
-        snapshot = latest_snapshot(records.paths.user(user))
+        snapshot = records.paths.user(user).latest_snapshot()
         if snapshot is None:
             continue
         for task, kept in kept_passages(snapshot, set(met)).items():

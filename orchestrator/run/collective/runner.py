@@ -197,11 +197,6 @@ class UserRunner(CellRunner):
         return left_out
 
 
-def latest_snapshot(paths: UserPaths) -> Path | None:
-    found = sorted(paths.snapshots.glob("*.tar.gz"))
-    return found[-1] if found else None
-
-
 def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, upstream: str = "") -> Path:
     """Write the shared state of round `number` (round 0: empty) from round `number - 1`'s
     shared state and every user's state after its last instance, unless it is written already
@@ -236,7 +231,7 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, u
         with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
             kept = []
             for user in range(grid.collective.users):
-                snapshot = latest_snapshot(paths.user(user))
+                snapshot = paths.user(user).latest_snapshot()
                 if snapshot is None:
                     continue
                 folder = Path(scratch) / f"u{user:04d}"
