@@ -213,11 +213,21 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
 
 
 def conversation_digest(messages: Sequence[Mapping[str, Any]]) -> str:
-    """sha256 of the conversation's roles, texts and tool calls: what seeds a reply."""
-    canonical = [[str(m.get("role")), message_text(m.get("content")), m.get("tool_calls") or []]
+    """sha256 of the conversation's roles, texts and tool calls: what seeds a reply.
+
+    A tool call counts by what it calls, not by its id: ids are drawn by whoever answered (a
+    scripted endpoint draws them at random), so two runs of the same calls read as one."""
+    canonical = [[str(m.get("role")), message_text(m.get("content")), _calls(m.get("tool_calls"))]
                  for m in messages if isinstance(m, Mapping)]
     data = json.dumps(canonical, sort_keys=True, default=str, ensure_ascii=True)
     return hashlib.sha256(data.encode()).hexdigest()
+
+
+def _calls(tool_calls: Any) -> Any:
+    if not isinstance(tool_calls, list):
+        return tool_calls or []
+    return [{k: v for k, v in call.items() if k not in ("id", "call_id")} if isinstance(call, Mapping) else call
+            for call in tool_calls]
 
 
 def _instance_start(msgs: list[_Message]) -> int | None:

@@ -218,3 +218,14 @@ def test_a_harness_envelope_before_the_text_does_not_hide_pairs_or_refusals():
     ]
     state = read_conversation(messages)
     assert state.task_id == "t1" and len(state.pairs) == 1 and state.demos_refused
+
+
+def test_what_seeds_a_reply_is_what_a_tool_call_calls_not_the_id_its_answerer_drew():
+    def with_call(call_id: str, command: str) -> list[dict]:
+        call = {"id": call_id, "type": "function", "function": {"name": "memory", "arguments": command}}
+        return opening() + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": call_id, "content": "saved"}]
+    first = read_conversation(with_call("call_1a2b3c4d", '{"content": "note"}')).digest
+    assert read_conversation(with_call("call_99ffee00", '{"content": "note"}')).digest == first
+    assert read_conversation(with_call("call_1a2b3c4d", '{"content": "other"}')).digest != first
+    assert read_conversation(opening()).digest != first

@@ -147,9 +147,12 @@ def test_a_grid_ends_the_same_with_and_without_drivers_started_ahead_and_no_note
     """With standby (the default): the two hermes-agent cells of the scripted harness grid
     (tests/conftest.py, the same seed, stream and model as GRID); without: GRID run here."""
     verdicts, bodies = {}, {}
-    for standby in ("true", "false"):
-        run = (scripted_harness_run if standby == "true" else
-               run_scripted_grid(tmp_path / standby, f"standby-{standby}", GRID.replace("STANDBY", standby)))
+    runs = {"true": scripted_harness_run,
+            "false": run_scripted_grid(tmp_path / "false", "standby-false", GRID.replace("STANDBY", "false"))}
+    if started_on(runs["true"]) != started_on(runs["false"]):  # midnight fell between the runs:
+        # hermes dates its system prompt, so the model saw other conversations; run both now
+        runs["true"] = run_scripted_grid(tmp_path / "true", "standby-true", GRID.replace("STANDBY", "true"))
+    for standby, run in runs.items():
         folder = run / "cells" / "hermes-agent-memory-off.low.sequential.s5"
         ends = {e.slot: e for e in read_events(folder / "events.jsonl") if e.type == "instance_end"}
         verdicts[standby] = {slot: (e.task, e.visit, e.status, e.cost, e.attempts_used, e.demos_used)
@@ -188,6 +191,17 @@ def test_a_grid_ends_the_same_with_and_without_drivers_started_ahead_and_no_note
     # standby; after the snapshot) as with drivers started at the conversation's start
     assert bodies["true"] == bodies["false"]
     assert bodies["true", "memory-on"] == bodies["false", "memory-on"]
+
+
+def started_on(run: Path) -> set[str]:
+    """The dates hermes wrote into its system prompts ("Conversation started: <date>")."""
+    found = set()
+    for journal in sorted(run.glob("cells/hermes-agent*/journal/journal.jsonl")):
+        for entry in read_journal(journal):
+            if entry.api == "openai-chat" and entry.request.get("messages"):
+                found.update(re.findall(r"Conversation started: ([^\n]+)",
+                                        str(entry.request["messages"][0].get("content"))))
+    return found
 
 
 VARYING = re.compile(r"carc-[0-9a-f]{12}|call_[0-9a-f]{8}|\b[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|"
