@@ -173,6 +173,10 @@ class Journal:
                           "means the client's key is passed on unchanged.")
         loader.add_option("carc_prices", str, "",
                           "Price table file (JSON); default proxy/prices.json.")
+        loader.add_option("carc_requests", str, "inline",
+                          "Where a call's parsed request body goes: 'inline' on its journal line, "
+                          "or 'raw' (only in raw/<id>.req.gz; for proxies whose requests are large "
+                          "and many, like the collective regime's row proxies).")
         loader.add_option("carc_tags", bool, False,
                           "Take user, slot and phase from each call's x-carc-tag header (trusted "
                           "host clients only).")
@@ -192,6 +196,9 @@ class Journal:
             if self.writer is not None:
                 self.writer.close()
             self.writer = JournalWriter(opts.carc_journal_dir)
+        if "carc_requests" in updated and opts.carc_requests not in ("inline", "raw"):
+            raise exceptions.OptionsError(
+                f"carc_requests is {opts.carc_requests!r}: pass --set carc_requests=inline or =raw")
         if "carc_allow" in updated:
             self.allow = parse_allow(opts.carc_allow)
         if "carc_key_env" in updated:
@@ -510,6 +517,8 @@ class Journal:
             raise RuntimeError("the journal is not open (carc_journal_dir unset or proxy stopped)")
         if raw_request is not None:
             entry.raw_request = self.writer.write_raw(entry.id, "req", self._redact(raw_request))
+            if ctx.options.carc_requests == "raw":  # the body is in the raw file already
+                entry.request, entry.request_kept = None, "raw"
         if raw_response is not None:
             entry.raw_response = self.writer.write_raw(entry.id, "resp", self._redact(raw_response))
         line = entry.to_json()

@@ -69,7 +69,8 @@ def default_confdir() -> Path:
 
 def addon_options(*, journal_dir: str | os.PathLike[str], cell: str, control: str | os.PathLike[str],
                   confdir: str | os.PathLike[str], allow: Iterable[str] = (), key_env: str = "",
-                  prices: str | os.PathLike[str] | None = None, tags: bool = False) -> dict[str, str]:
+                  prices: str | os.PathLike[str] | None = None, tags: bool = False,
+                  requests: Literal["inline", "raw"] = "inline") -> dict[str, str]:
     """The `--set` options of mitmdump with the journaling addon (declared in addon.py's `load`),
     for a host proxy and a proxy container alike; paths are as the proxy process sees them.
     Connections open lazily, so a down upstream is a journaled error, not a failed start."""
@@ -84,6 +85,7 @@ def addon_options(*, journal_dir: str | os.PathLike[str], cell: str, control: st
         "carc_key_env": key_env,
         "carc_prices": str(prices) if prices else "",
         "carc_tags": "true" if tags else "false",
+        "carc_requests": requests,
     }
 
 
@@ -132,7 +134,8 @@ def mitmdump_command(mitmdump: str | os.PathLike[str], *, journal_dir: str | os.
                      mode: Literal["reverse", "regular"] = "reverse", upstream: str = "",
                      allow: Iterable[str] = (), key_env: str = "",
                      prices: str | os.PathLike[str] | None = None,
-                     addon: str | os.PathLike[str] = ADDON_PATH, tags: bool = False) -> list[str]:
+                     addon: str | os.PathLike[str] = ADDON_PATH, tags: bool = False,
+                     requests: Literal["inline", "raw"] = "inline") -> list[str]:
     """The mitmdump command line of the journaling proxy (host and proxy image alike).
 
     Reverse mode forwards everything to `upstream` (scheme://host:port; a path is the client's
@@ -151,7 +154,7 @@ def mitmdump_command(mitmdump: str | os.PathLike[str], *, journal_dir: str | os.
     else:
         raise ValueError(f"mode must be 'reverse' or 'regular', got {mode!r}")
     sets = addon_options(journal_dir=journal_dir, cell=cell, control=control, confdir=confdir,
-                         allow=allow, key_env=key_env, prices=prices, tags=tags)
+                         allow=allow, key_env=key_env, prices=prices, tags=tags, requests=requests)
     return [str(mitmdump), "-q", "--listen-host", listen_host, "--listen-port", str(listen_port),
             "--mode", mode_spec, "-s", str(addon), *set_arguments(sets)]
 
@@ -172,7 +175,8 @@ class HostProxy:
                  confdir: str | os.PathLike[str] | None = None,
                  prices: str | os.PathLike[str] | None = None,
                  control: str | os.PathLike[str] | None = None,
-                 startup_timeout_s: float = 30.0, tags: bool = False) -> None:
+                 startup_timeout_s: float = 30.0, tags: bool = False,
+                 requests: Literal["inline", "raw"] = "inline") -> None:
         self.journal_dir = Path(journal_dir)
         self.cell = cell
         self.upstream = upstream.rstrip("/")
@@ -189,6 +193,7 @@ class HostProxy:
         self.control = Path(control) if control else self.journal_dir / CONTROL_FILE
         self.startup_timeout_s = startup_timeout_s
         self.tags = tags  # calls carry their user, slot and phase (journal.TAG_HEADER): the collective's
+        self.requests = requests  # "raw": request bodies only in raw/ (journal.JournalEntry.request_body)
         self.port: int | None = None
         self.startup_s: float | None = None  # seconds from spawn to accepting connections
         self.log_path = self.journal_dir / "mitmdump.log"
@@ -247,7 +252,7 @@ class HostProxy:
                 mitmdump, journal_dir=self.journal_dir, cell=self.cell, control=self.control,
                 listen_host="127.0.0.1", listen_port=port, confdir=self.confdir, mode=self.mode,
                 upstream=self.upstream, allow=self.allow, key_env=self.key_env,
-                prices=self.prices, tags=self.tags)
+                prices=self.prices, tags=self.tags, requests=self.requests)
             (self.journal_dir / READY_FILE).unlink(missing_ok=True)
             t0 = time.monotonic()
             self._process = _SPARES.launch(mitmdump, command, self.log_path)

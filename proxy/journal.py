@@ -6,7 +6,10 @@ orchestrator and inspector import it in carc's environment, where mitmproxy is n
 Layout of a journal directory:
 
     journal.jsonl            one `JournalEntry` per line, flushed and fsynced before the proxy
-                             answers the next hook
+                             answers the next hook; the parsed request body is on the line, or
+                             (a proxy started with `carc_requests=raw`: the collective regime's
+                             row proxies, whose requests carry whole libraries) only in raw/,
+                             read back by `JournalEntry.request_body`
     raw/<id>.req.gz          the request as the client sent it (HTTP/1 form, placeholder key;
                              in reverse mode the Host header already names the upstream)
     raw/<id>.resp.gz         the response as the client received it (HTTP/1 form, de-chunked)
@@ -24,7 +27,8 @@ import gzip
 import json
 import os
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -69,19 +73,54 @@ class JournalEntry:
     raw_request: str | None = None  # path of the gzip file, relative to the journal directory
     raw_response: str | None = None
     user: int | None = None  # the collective regime's user (from the call's tag), else None
+    request_kept: Literal["inline", "raw"] = "inline"  # where the request body is: `request`, or raw_request only
+    directory: Path | None = field(default=None, repr=False, compare=False)  # the journal's; set on reading
 
     def to_json(self) -> str:
         """The entry as one JSON line (no trailing newline)."""
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))
+        data = dataclasses.asdict(self)
+        del data["directory"]
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, line: str) -> JournalEntry:
+    def from_json(cls, line: str, directory: Path | None = None) -> JournalEntry:
         """Parse one journal line; keys this version does not know are ignored."""
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError(f"a journal line must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        known = {f.name for f in dataclasses.fields(cls)} - {"directory"}
+        return cls(**{k: v for k, v in data.items() if k in known}, directory=directory)
+
+    def request_body(self) -> Any:
+        """The parsed JSON request body: the line's own, or the one in raw/ when the proxy kept
+        it only there; None when there is none (or it is not JSON)."""
+        if self.request_kept != "raw":
+            return self.request
+        if self.raw_request is None or self.directory is None:
+            return None
+        return raw_body(self.directory / self.raw_request)
+
+
+def raw_body(path: Path) -> Any:
+    """The JSON body of a raw request file (HTTP/1 head, blank line, body as sent, gzipped by
+    `JournalWriter.write_raw`); None when the body is empty, encoded oddly or not JSON."""
+    with gzip.open(path, "rb") as handle:
+        data = handle.read()
+    head, _, body = data.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            coding = value.strip().lower()
+            if coding not in (b"gzip", b"deflate"):
+                return None
+            try:
+                body = zlib.decompress(body, 47 if coding == b"gzip" else 15)
+            except zlib.error:
+                return None
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
 
 
 def read_journal(path: str | os.PathLike[str]) -> list[JournalEntry]:
@@ -99,7 +138,7 @@ def read_journal(path: str | os.PathLike[str]) -> list[JournalEntry]:
         if not line.strip():
             continue
         try:
-            entries.append(JournalEntry.from_json(line))
+            entries.append(JournalEntry.from_json(line, path.parent))
         except (ValueError, TypeError) as e:
             if number == len(lines):  # no newline after it: the write was cut off
                 break
@@ -245,7 +284,7 @@ class JournalTail:
         for line in data[:complete].split(b"\n"):
             if line.strip():
                 try:
-                    entries.append(JournalEntry.from_json(line.decode("utf-8", "replace")))
+                    entries.append(JournalEntry.from_json(line.decode("utf-8", "replace"), self.path.parent))
                 except (ValueError, TypeError):
                     continue
         return entries

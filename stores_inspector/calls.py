@@ -123,7 +123,8 @@ def _anthropic_blocks(content: Any) -> tuple[str, list[ToolCall], list[tuple[str
 
 
 def request_messages(entry: JournalEntry) -> list[Message]:
-    body = entry.request if isinstance(entry.request, dict) else {}
+    body = entry.request_body()
+    body = body if isinstance(body, dict) else {}
     out: list[Message] = []
     if entry.api == "anthropic-messages":
         if body.get("system"):
@@ -188,7 +189,7 @@ def response_output(entry: JournalEntry) -> tuple[str, list[ToolCall]]:
 
 
 def is_model_call(entry: JournalEntry) -> bool:
-    return entry.api != "other" and isinstance(entry.request, dict)
+    return entry.api != "other" and (entry.request_kept == "raw" or isinstance(entry.request, dict))
 
 
 def read_call(entry: JournalEntry, slot: int | None) -> Call:

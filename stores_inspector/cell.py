@@ -189,7 +189,7 @@ def _journal(folder: Path, problems: Problems) -> list[JournalEntry]:
     entries = []
     for row in read_jsonl(_read(path, problems), f"journal/{path.name}", problems):
         try:
-            entries.append(JournalEntry.from_json(json.dumps(row)))
+            entries.append(JournalEntry.from_json(json.dumps(row), path.parent))
         except (TypeError, ValueError) as exc:
             problems.add(f"journal/{path.name}", f"an entry skipped ({str(exc)[:200]})")
     return sorted(entries, key=lambda e: e.t_start or 0.0)

@@ -535,6 +535,36 @@ def test_a_proxy_started_from_the_warm_spare_journals_as_a_cold_one(upstream, tm
         assert "launch.py" not in launched_by(proxy) and "mitmdump" in launched_by(proxy)
 
 
+def test_a_proxy_keeping_requests_in_raw_journals_them_there_and_reads_them_back(upstream, tmp_path):
+    """carc_requests=raw (the collective regime's row proxies): the line carries no request body,
+    the raw file does, and `request_body` reads it back as the inline journal would have it,
+    a gzipped upload too; the other fields are as an inline proxy writes them."""
+    with HostProxy(tmp_path / "raw", cell="raw", upstream=upstream.url, requests="raw") as proxy:
+        proxy.set_slot(2, "before")
+        marks = [marker(), marker()]
+        assert httpx.post(f"{proxy.base_url}/chat/completions", json=chat_body(marks[0]),
+                          timeout=10).status_code == 200
+        zipped = gzip.compress(json.dumps(chat_body(marks[1])).encode())
+        httpx.post(f"{proxy.base_url}/chat/completions", content=zipped, timeout=10, headers={
+            "content-type": "application/json", "content-encoding": "gzip"})  # the test upstream cannot read it
+        deadline = time.monotonic() + 5
+        while len(proxy.entries()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        entries = read_journal(proxy.journal_dir)
+        assert_no_addon_failure(proxy)
+    assert [e.request for e in entries] == [None, None]
+    assert [e.request_kept for e in entries] == ["raw", "raw"]
+    assert [e.request_body() for e in entries] == [chat_body(m) for m in marks]
+    assert all(m not in (proxy.journal_dir / "journal.jsonl").read_text() for m in marks)
+    assert [(e.slot, e.phase, e.model) for e in entries] == [(2, "before", "gpt-4o-mini")] * 2
+    assert (entries[0].status, entries[0].prompt_tokens) == (200, 1000)
+
+
+def test_an_inline_entry_is_its_own_request_body():
+    entry = sample_entry()
+    assert entry.request_kept == "inline" and entry.request_body() == entry.request
+    assert "directory" not in json.loads(entry.to_json())
+
 def test_mitmdump_command_carries_the_addon_options(tmp_path):
     command = mitmdump_command("mitmdump", journal_dir=tmp_path, cell="c1",
                                control=tmp_path / "slot.json", listen_host="0.0.0.0",

@@ -162,7 +162,7 @@ def _strings(value: Any) -> Iterator[str]:
 
 def request_text(entry: JournalEntry) -> str:
     """Every string of a request body (messages, system prompt, tools), one per line."""
-    return "\n".join(_strings(entry.request))
+    return "\n".join(_strings(entry.request_body()))
 
 
 def notes_in(text: str) -> set[str]:

@@ -325,7 +325,9 @@ class _ThreadExecutor:
 @contextmanager
 def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
                  checkers: Checkers) -> Iterator[CellServices]:
-    """A row's proxy (tags on: its users' calls carry user, slot and phase) and program checks."""
+    """A row's proxy (tags on: its users' calls carry user, slot and phase; request bodies kept
+    only in raw/, gzipped: a row's requests carry its library, a hundred users' worth of lines)
+    and program checks."""
     from proxy.host import HostProxy
 
     with ExitStack() as stack:
@@ -335,7 +337,7 @@ def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
             proxy = stack.enter_context(HostProxy(
                 paths.journal, cell.cell, upstream, allow=(urlsplit(upstream).netloc,),
                 key_env=grid.model.api_key_env, mode="reverse", prices=run_prices(paths.run.root),
-                tags=True))
+                tags=True, requests="raw"))
             base_url = proxy.base_url
         runs_programs = registry.learner_class(cell.learner).runs_programs
         checks = ("docker" if grid.sandbox.engine == "docker" else "host-process") if runs_programs else None
