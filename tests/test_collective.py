@@ -207,6 +207,19 @@ def test_the_update_step_pools_pairs_and_keeps_the_program_most_users_keep(tmp_p
 
 # --- whole runs ---------------------------------------------------------------------------------
 
+def test_planned_from_itself_every_row_is_billed_its_users_instances_and_journal_lines(reference):
+    """`carc grid plan --pilot` on a collective run: a row's instances are every user's, its calls
+    the lines of the row's proxy (shared by its users), read from the users' own events."""
+    from orchestrator.run.plan import plan_grid
+
+    plan = plan_grid(load_grid(reference / "grid.yaml"), pilot_dir=reference, images=False)
+    for cell in plan.cells:
+        folder = RunPaths(reference).cell(cell.cell)
+        ends = sum(1 for user in folder.user_folders() for e in read_events(user.events) if e.type == "instance_end")
+        assert (cell.source, cell.instances, cell.curated_tasks) == ("pilot", ends, 0), cell.cell
+        assert cell.calls == sum(1 for e in read_journal(folder.journal) if not e.refused), cell.cell
+
+
 def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_user(reference):
     assert_records_consistent(reference)
     grid = load_grid(reference / "grid.yaml")
@@ -220,7 +233,7 @@ def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_u
                     counted[(e.user, e.slot)] += e.model_calls or 0
         calls = Counter((e.user, e.slot) for e in entries if not e.refused)
         assert calls == +counted, cell.name  # every call journaled under its own user and slot
-        assert all("x-carc-tag" not in json.dumps(e.request or {}) for e in entries)
+        assert all(e.request is None and "x-carc-tag" not in json.dumps(e.request_body()) for e in entries)
         if "collective" in cell.name or "trained" in cell.name:
             written = sorted(p.name for p in (cell.root / "shared").iterdir())
             assert written == [f"round-{r:03d}" for r in range(rounds(grid).total)]
@@ -354,7 +367,7 @@ def test_a_trained_model_served_elsewhere_is_called_by_name_through_the_rows_pro
                  if e.type == "instance_end"}
     assert sorted(set(rounds_of.values())) == [0, 1]
     entries = [e for e in read_journal(cell.journal) if not e.refused]
-    names = {(e.user, e.slot): e.request["model"] for e in entries}
+    names = {(e.user, e.slot): e.request_body()["model"] for e in entries}
     assert {names[key] for key, number in rounds_of.items() if number == 0} == {"carc-solver"}
     assert {names[key] for key, number in rounds_of.items() if number == 1} == {"carc-solver-tuned-1"}
     later = sum(1 for e in entries if rounds_of[(e.user, e.slot)] == 1)

@@ -163,6 +163,29 @@ def _archive(path: Path, members: list[tuple[str, bytes | None, str | None]]) ->
     return path
 
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_planned_from_itself_the_grid_counts_the_curators_conversations_and_every_journal_line(run_dir):
+    """`carc grid plan GRID --pilot RUN` on this run: the collective row's curator conversations
+    are the tasks its updates curated, and its calls (every journal line: the users' proxies' and
+    the curator's) are the run's."""
+    from orchestrator.run.grid_config import load_grid
+    from orchestrator.run.plan import plan_grid
+
+    plan = {c.cell: c for c in plan_grid(load_grid(run_dir / "grid.yaml"), pilot_dir=run_dir, images=False).cells}
+    cell = RunPaths(run_dir).cell(COLLECTIVE)
+    updates = [json.loads(p.read_text()) for p in sorted((cell.root / "shared").glob("round-*/update.json"))]
+    assert plan[COLLECTIVE].curated_tasks == sum(u.get("tasks_curated", 0) for u in updates) > 0
+    assert (plan[COLLECTIVE].source, plan[COLLECTIVE].curator_source) == ("pilot", "pilot")
+    assert plan[INDEPENDENT].curated_tasks == 0
+    for name in (INDEPENDENT, COLLECTIVE):
+        folder = RunPaths(run_dir).cell(name)
+        lines = sum(1 for user in folder.user_folders() for e in read_journal(user.journal) if not e.refused)
+        lines += sum(1 for journal in folder.root.glob("shared/round-*/curator/journal")
+                     for e in read_journal(journal) if not e.refused)
+        assert plan[name].calls == pytest.approx(lines), name
+
+
 def test_the_library_read_back_holds_only_small_regular_task_files(tmp_path):
     snapshot = _archive(tmp_path / "state.tar.gz", [
         ("./library/own-a.py", b"def transform(g):\n    return g\n", None),

@@ -121,6 +121,45 @@ def test_the_shipped_priors_cover_every_ladder_learner_and_say_where_they_came_f
     assert "--pilot" in PRIORS.read_text()
 
 
+def test_a_harness_collective_row_is_billed_its_curators_conversations_too(tmp_path):
+    """One curator conversation per task met in each round but the last, at the curator prior;
+    a harness with no curator prior of its own takes default-harness's; other rows have none."""
+    from orchestrator.run.collective.schedule import user_schedule
+
+    path = tmp_path / "collective.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: collective-plan
+        seed: 2
+        track: {name: own, tasks: 6, visits: 2, epilogue: 2}
+        collective: {users: 3, round_slots: 4}
+        efforts: [low]
+        learners:
+          - {learner: hermes-agent, row: collective}
+          - {learner: openclaw, row: collective}
+          - hermes-agent
+          - {learner: demo-cache-floor, row: collective}
+        """))
+    grid = load_grid(path)
+    plan = plan_grid(grid, images=False)
+    cells = {c.learner + "/" + c.row: (c, cell) for c, cell in zip(plan.cells, grid.cells())}
+    c, cell = cells["hermes-agent/collective"]
+    met: dict[int, set] = {}
+    for user in range(3):
+        for placed in user_schedule(grid, cell, user):
+            met.setdefault(placed.round, set()).add(placed.slot.task_id)
+    assert sorted(met) == list(range(5))  # 12 stream slots in rounds of 4, then the epilogue's two
+    assert c.curated_tasks == sum(len(met[r]) for r in range(4)) > 0
+    priors = load_priors()
+    instance, curator = priors.learners["hermes-agent"].rows.get("collective") or priors.learners["hermes-agent"], \
+        priors.learners["hermes-agent"].curator
+    assert c.calls == pytest.approx(instance.rate("low").calls * c.instances + curator.rate("low").calls * c.curated_tasks)
+    assert c.curator_source == "curator prior"
+    assert cells["openclaw/collective"][0].curator_source == "curator prior (default-harness)"
+    assert cells["hermes-agent/memory-on"][0].curated_tasks == 0
+    assert cells["demo-cache-floor/collective"][0].curated_tasks == 0
+    assert any(f"{c.cell}: its curator's {c.curated_tasks} conversations" in n for n in plan.notes)
+
+
 def test_wall_time_packs_the_longest_cells_first():
     assert wall_at([10, 10, 10, 10], 2) == 20
     assert wall_at([30, 10, 10, 10], 2) == 30

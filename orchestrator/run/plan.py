@@ -27,6 +27,7 @@ from proxy.journal import read_journal
 from proxy.prices import Price, PriceTable
 
 PRIORS = Path(__file__).with_name("plan_priors.yaml")
+CURATOR_ROW = "curator"  # the rate key of a harness's curator conversations: one per task curated
 SCALE_PRIORS = Path(__file__).with_name("scale_priors.yaml")
 CPU_SHARE = 0.8     # of the machine's cores the suggested cells may keep busy
 MEMORY_SHARE = 0.8  # of its available memory they may hold
@@ -79,9 +80,11 @@ class RowPriors(BaseModel):
 
 
 class LearnerPriors(RowPriors):
-    """A learner's rates (its memory-on row), and rows whose rates differ."""
+    """A learner's rates (its memory-on row), rows whose rates differ, and for a harness, what
+    its curator session takes per task it curates (the collective row's update step)."""
 
     rows: dict[str, RowPriors] = {}
+    curator: RowPriors | None = None
 
 
 class Priors(BaseModel):
@@ -107,6 +110,13 @@ class Priors(BaseModel):
                             "(per_instance: calls, input_tokens, output_tokens, seconds, snapshot_bytes) "
                             "or plan with --pilot RUN")
         entry = self.learners[name]
+        if row == CURATOR_ROW:  # a harness with no curator prior of its own takes default-harness's
+            if entry.curator is None and "default-harness" in self.learners:
+                name, entry = "default-harness", self.learners["default-harness"]
+            if entry.curator is None:
+                raise PlanError(f"{PRIORS}: no curator prior for {learner!r}; add `curator: {{per_instance: "
+                                "{...}}` (per task curated) under it or plan with --pilot RUN (a collective run)")
+            return entry.curator.rate(effort), "curator prior" if name == learner else "curator prior (default-harness)"
         rate = (entry.rows.get(row) or entry).rate(effort)
         return rate, "prior" if name == learner else "prior (default-harness)"
 
@@ -156,6 +166,35 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
     except ValueError as exc:
         raise PlanError(f"pilot {folder.settings}: not a cell record ({str(exc).splitlines()[0]}); "
                         "remove the folder from the pilot run or plan without it") from None
+    users = folder.user_folders()
+    if users:  # a collective row: its users' records, the row's journal shared by them (ladder)
+        shared = _journal(folder) if (folder.journal / "journal.jsonl").exists() else None
+        total = Measured(cells=[record.cell])
+        for user in users:
+            own = _journal(user) if (user.journal / "journal.jsonl").exists() else \
+                [e for e in shared if e.user == user.number] if shared is not None else None
+            measured = _measure(user, own)
+            if measured is not None:
+                for name in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
+                    setattr(total, name, getattr(total, name) + getattr(measured, name))
+        return ((record.learner, record.row, record.effort), total) if total.instances else None
+    measured = _measure(folder, _journal(folder) if (folder.journal / "journal.jsonl").exists() else None)
+    if measured is None:
+        return None
+    measured.cells = [record.cell]
+    return (record.learner, record.row, record.effort), measured
+
+
+def _journal(folder: CellPaths) -> list:
+    try:
+        return read_journal(folder.journal / "journal.jsonl")
+    except ValueError as exc:
+        raise PlanError(f"pilot {exc}; the journal is damaged: plan without this run") from None
+
+
+def _measure(folder: CellPaths, entries: list | None) -> Measured | None:
+    """The totals of one folder of events (a cell's, or a collective user's) and its journal's
+    lines (None: count from the events)."""
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
     steps: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # slot -> calls, input, output
@@ -171,12 +210,7 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
             counts[2] += event.completion_tokens or 0
     if not ends:
         return None
-    journal = folder.journal / "journal.jsonl"
-    if journal.exists():
-        try:
-            entries = read_journal(journal)
-        except ValueError as exc:
-            raise PlanError(f"pilot {exc}; the journal is damaged: plan without this run") from None
+    if entries is not None:
         # an instance a stopped pilot left unfinished is not counted, so neither are its calls
         entries = [e for e in entries if e.slot is None or e.slot in ends]
         calls = sum(1 for e in entries if not e.refused)
@@ -185,9 +219,28 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
     else:
         calls, tokens_in, tokens_out = (sum(steps[slot][i] for slot in ends) for i in range(3))
     snapshots = sum(p.stat().st_size for p in folder.snapshots.glob("*.tar.gz")) if folder.snapshots.is_dir() else 0
-    return (record.learner, record.row, record.effort), Measured(
-        instances=len(ends), calls=calls, input_tokens=tokens_in, output_tokens=tokens_out,
-        seconds=sum(ends.values()), snapshot_bytes=snapshots, cells=[record.cell])
+    return Measured(instances=len(ends), calls=calls, input_tokens=tokens_in, output_tokens=tokens_out,
+                    seconds=sum(ends.values()), snapshot_bytes=snapshots)
+
+
+def measure_curator(folder: CellPaths) -> tuple[Key, Measured] | None:
+    """A harness's collective row's curator sessions in a pilot, per task curated: each finished
+    update's calls and tokens (its journal) and seconds (its transcript). None when there is none."""
+    from orchestrator.run.collective.harness import CURATOR
+
+    record = CellRecord.read(folder.settings)
+    total = Measured(cells=[record.cell])
+    for update in sorted(folder.root.glob("shared/round-*/" + CURATOR)):
+        if update.parent.name.endswith((".tmp", ".aborted")) or not (update / "transcript.json").exists():
+            continue
+        turns = json.loads((update / "transcript.json").read_text(encoding="utf-8"))
+        entries = [e for e in read_journal(update / "journal" / "journal.jsonl") if not e.refused]
+        total.instances += len(turns)
+        total.seconds += sum(float(turn.get("seconds") or 0.0) for turn in turns)
+        total.calls += len(entries)
+        total.input_tokens += sum(e.prompt_tokens or 0 for e in entries)
+        total.output_tokens += sum(e.completion_tokens or 0 for e in entries)
+    return ((record.learner, CURATOR_ROW, record.effort), total) if total.instances else None
 
 
 def read_pilot(run_dir: Path) -> dict[Key, Measured]:
@@ -198,14 +251,14 @@ def read_pilot(run_dir: Path) -> dict[Key, Measured]:
                         "`carc grid run` made, e.g. runs/<id>")
     out: dict[Key, Measured] = {}
     for folder in paths.cell_folders():
-        measured = measure_cell(folder)
-        if measured is None:
-            continue
-        key, m = measured
-        total = out.setdefault(key, Measured())
-        for field in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
-            setattr(total, field, getattr(total, field) + getattr(m, field))
-        total.cells.append(*m.cells)
+        for measured in (measure_cell(folder), measure_curator(folder) if (folder.root / "shared").is_dir() else None):
+            if measured is None:
+                continue
+            key, m = measured
+            total = out.setdefault(key, Measured())
+            for field in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
+                setattr(total, field, getattr(total, field) + getattr(m, field))
+            total.cells.append(*m.cells)
     if not out:
         raise PlanError(f"--pilot {run_dir}: no cell of it finished an instance; run the pilot "
                         "further (carc grid run --resume) or plan from the priors")
@@ -360,6 +413,8 @@ class CellPlan(BaseModel):
     seconds: float
     snapshot_bytes: float
     source: str
+    curated_tasks: int = 0  # a harness's collective row: curator conversations, one per task per update
+    curator_source: str = ""  # where their rate came from (included in calls, tokens, dollars, seconds)
 
 
 class ImagePlan(BaseModel):
@@ -413,6 +468,23 @@ def schedule_counts(grid: GridConfig, cells: list[Cell]) -> dict[tuple[str, int]
                     counts[slot.phase] += 1
             out[key] = counts
     return out
+
+
+def curated_tasks(grid: GridConfig, cell: Cell) -> int:
+    """The curator conversations of a harness's collective row: after each round but the last,
+    one per task any user met in it (orchestrator/run/collective/harness.py, round_digest); 0 for
+    every other cell."""
+    from orchestrator.rows import COLLECTIVE
+
+    if grid.collective is None or cell.row != COLLECTIVE or cell.learner not in HARNESSES:
+        return 0
+    from orchestrator.run.collective.schedule import rounds, user_schedule
+
+    met: dict[int, set[str]] = defaultdict(set)
+    for user in range(grid.collective.users):
+        for placed in user_schedule(grid, cell, user):
+            met[placed.round].add(placed.slot.task_id)
+    return sum(len(met[number]) for number in range(rounds(grid).total - 1))
 
 
 def wall_at(seconds: list[float], workers: int) -> float:
@@ -470,13 +542,23 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
         rate, source = found
         phases = counts[(cell.order, cell.seed)]
         n = sum(phases.values())
-        tokens_in, tokens_out = rate.input_tokens * n, rate.output_tokens * n
+        calls, tokens_in, tokens_out, seconds = rate.calls * n, rate.input_tokens * n, rate.output_tokens * n, rate.seconds * n
+        curated, curator_source = curated_tasks(grid, cell), ""
+        if curated:
+            found = pilot_rate(pilot, cell.learner, CURATOR_ROW, cell.effort) if pilot else None
+            if found is None:
+                priors = priors or load_priors(priors_path)
+                found = priors.rate(cell.learner, CURATOR_ROW, cell.effort, grid.track.name)
+            curator, curator_source = found
+            calls, seconds = calls + curator.calls * curated, seconds + curator.seconds * curated
+            tokens_in, tokens_out = tokens_in + curator.input_tokens * curated, tokens_out + curator.output_tokens * curated
         usd = None if price is None else (tokens_in * price.input_per_m + tokens_out * price.output_per_m) / 1e6
         planned.append(CellPlan(
             cell=cell.cell, learner=cell.learner, row=cell.row, effort=cell.effort, order=cell.order,
             instances=n, stream=phases["stream"], epilogue=phases["epilogue"], fresh=phases["fresh"],
-            calls=rate.calls * n, input_tokens=tokens_in, output_tokens=tokens_out, usd=usd,
-            seconds=rate.seconds * n, snapshot_bytes=rate.snapshot_bytes * n, source=source))
+            calls=calls, input_tokens=tokens_in, output_tokens=tokens_out, usd=usd,
+            seconds=seconds, snapshot_bytes=rate.snapshot_bytes * n, source=source,
+            curated_tasks=curated, curator_source=curator_source))
     notes = []
     if any(p.source.startswith("prior") for p in planned):
         if grid.model.endpoint == "embedded":
@@ -489,6 +571,10 @@ def plan_grid(grid: GridConfig, pilot_dir: Path | None = None, priors_path: Path
     if grid.model.endpoint == "embedded" and grid.model.timing is None:
         notes.append("the embedded model shares this machine's cores: more workers than cores "
                      "stretch each cell's seconds")
+    for p in planned:
+        if p.curated_tasks:
+            notes.append(f"{p.cell}: its curator's {p.curated_tasks} conversations (one per task met in a "
+                         f"round, per update) are in its calls, tokens and time ({p.curator_source})")
     if price is None:
         notes.append(f"dollars unknown: {price_source}")
     return Plan(
