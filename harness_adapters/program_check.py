@@ -117,7 +117,7 @@ def local_executor(payload: str, limits: ProgramLimits) -> ExecResult:
     try:
         proc = subprocess.run([program_python(), "-I", "-S", "-c", DRIVER], input=payload.encode(),
                               capture_output=True, timeout=limits.wall_s, env=PROGRAM_ENV, cwd="/",
-                              preexec_fn=_apply_limits(limits))
+                              preexec_fn=_apply_limits(limits), start_new_session=True)  # Ctrl-C is the run's
     except subprocess.TimeoutExpired:
         return ExecResult(-9, b"", b"", timed_out=True)
     return ExecResult(proc.returncode, proc.stdout, proc.stderr)

@@ -41,7 +41,8 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
     """Base URLs learners use: the grid's endpoint, or fresh embedded solver-model servers.
 
     The embedded model is CPU-bound, so one single-process server per core is started (each dies
-    with this process); cells are spread over them. `tag` names their logs apart
+    with this process, and only with it: a signal to the process group does not reach it); cells
+    are spread over them. `tag` names their logs apart
     (`model-server-<tag>N.log`: the Ray executor starts one per cell attempt, on its node).
     `prior`: serve the embedded model as trained to this primitive prior (a collective grid's
     trained row, orchestrator/run/collective/training.py).
@@ -63,7 +64,9 @@ def model_service(grid: GridConfig, log_dir: Path, servers: int = 1,
                 cmd += ["--timing", grid.model.timing.model_dump_json()]
             if prior is not None:
                 cmd += ["--prior", str(prior)]
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+            # a session of its own: Ctrl-C (SIGINT to the terminal's process group) stops the
+            # run, which ends its instances before it stops the model, not the model under them
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL)))
             out.close()
             urls.append(f"http://{host}:{port}/v1")
