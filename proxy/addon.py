@@ -517,7 +517,7 @@ class Journal:
             raise RuntimeError("the journal is not open (carc_journal_dir unset or proxy stopped)")
         if raw_request is not None:
             entry.raw_request = self.writer.write_raw(entry.id, "req", self._redact(raw_request))
-            if ctx.options.carc_requests == "raw":  # the body is in the raw file already
+            if ctx.options.carc_requests == "raw" and entry.request is not None:  # a JSON body: in the raw file
                 entry.request, entry.request_kept = None, "raw"
         if raw_response is not None:
             entry.raw_response = self.writer.write_raw(entry.id, "resp", self._redact(raw_response))

@@ -73,7 +73,7 @@ class JournalEntry:
     raw_request: str | None = None  # path of the gzip file, relative to the journal directory
     raw_response: str | None = None
     user: int | None = None  # the collective regime's user (from the call's tag), else None
-    request_kept: Literal["inline", "raw"] = "inline"  # where the request body is: `request`, or raw_request only
+    request_kept: Literal["inline", "raw"] = "inline"  # where the JSON request body is: `request`, or raw_request only
     directory: Path | None = field(default=None, repr=False, compare=False)  # the journal's; set on reading
 
     def to_json(self) -> str:

@@ -547,11 +547,14 @@ def test_a_proxy_keeping_requests_in_raw_journals_them_there_and_reads_them_back
         zipped = gzip.compress(json.dumps(chat_body(marks[1])).encode())
         httpx.post(f"{proxy.base_url}/chat/completions", content=zipped, timeout=10, headers={
             "content-type": "application/json", "content-encoding": "gzip"})  # the test upstream cannot read it
+        httpx.get(f"{proxy.base_url}/models", timeout=10)  # no body: nothing to keep anywhere
         deadline = time.monotonic() + 5
-        while len(proxy.entries()) < 2 and time.monotonic() < deadline:
+        while len(proxy.entries()) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         entries = read_journal(proxy.journal_dir)
         assert_no_addon_failure(proxy)
+    probe = entries.pop()
+    assert (probe.method, probe.request, probe.request_kept, probe.request_body()) == ("GET", None, "inline", None)
     assert [e.request for e in entries] == [None, None]
     assert [e.request_kept for e in entries] == ["raw", "raw"]
     assert [e.request_body() for e in entries] == [chat_body(m) for m in marks]
