@@ -147,6 +147,12 @@ class Measured(BaseModel):
     snapshot_bytes: int = 0
     cells: list[str] = []
 
+    def add(self, other: "Measured") -> None:
+        """Count `other`'s totals and cells in this one."""
+        for name in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.cells += other.cells
+
     def rate(self) -> Rate:
         n = self.instances
         return Rate(calls=self.calls / n, input_tokens=self.input_tokens / n,
@@ -175,8 +181,7 @@ def measure_cell(folder: CellPaths) -> tuple[Key, Measured] | None:
                 [e for e in shared if e.user == user.number] if shared is not None else None
             measured = _measure(user, own)
             if measured is not None:
-                for name in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
-                    setattr(total, name, getattr(total, name) + getattr(measured, name))
+                total.add(measured)
         return ((record.learner, record.row, record.effort), total) if total.instances else None
     measured = _measure(folder, _journal(folder) if (folder.journal / "journal.jsonl").exists() else None)
     if measured is None:
@@ -255,10 +260,7 @@ def read_pilot(run_dir: Path) -> dict[Key, Measured]:
             if measured is None:
                 continue
             key, m = measured
-            total = out.setdefault(key, Measured())
-            for field in ("instances", "calls", "input_tokens", "output_tokens", "seconds", "snapshot_bytes"):
-                setattr(total, field, getattr(total, field) + getattr(m, field))
-            total.cells.append(*m.cells)
+            out.setdefault(key, Measured()).add(m)
     if not out:
         raise PlanError(f"--pilot {run_dir}: no cell of it finished an instance; run the pilot "
                         "further (carc grid run --resume) or plan from the priors")
