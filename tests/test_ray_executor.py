@@ -16,6 +16,7 @@ tests/test_cell_fence.py proves that part on its own).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -105,45 +106,61 @@ def holder(cell: CellPaths) -> tuple[str, int]:
 
 def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
                       seen_running: list | None = None) -> CellPaths:
-    """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell.
-    With `seen_running`, `carc status` is read just before the node is frozen and appended."""
+    """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell
+    (or that collective user: `lost` is then `<row>/users/uNNNN`). With `seen_running`,
+    `carc status` is read just before the node is frozen and appended.
+
+    The node is frozen while this test holds the cell's fence lock (`.attempt.lock`), so never
+    inside a record's write: a process stopped there would hold the lock until it is let go,
+    and the retried attempt's `CellFence.take` would wait on it for good. That is an artefact of
+    freezing a process on the same machine (a lost NFS client's lock ends with its lease), and it
+    once stopped this test on CI for its whole deadline."""
     head, workers = cluster
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
-         "ray", "--address", head.address, "--durability", durability, "--no-report"],
-        env={**os.environ, **LOOPBACK}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    log = run.parent / f"{run.name}.driver.log"
+    with open(log, "wb") as out:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
+             "ray", "--address", head.address, "--durability", durability, "--no-report"],
+            env={**os.environ, **LOOPBACK}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def driver_ran(why: str) -> str:
+        return f"{why}; the driver's output (last 3000 characters):\n{log.read_text(errors='replace')[-3000:]}"
+
     killed = CellPaths(run / "cells" / lost)
     stale_pid = None
     try:
         deadline = time.monotonic() + 600
         while stale_pid is None:
-            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the cell never got inside a second instance"
+            assert driver.poll() is None, driver_ran("the driver ended before the node was lost")
+            assert time.monotonic() < deadline, driver_ran("the cell never got inside a second instance")
             if not (killed.attempt.exists() and killed.events.exists() and mid_instance(killed)):
                 time.sleep(0.01)
                 continue
             node_id, pid = holder(killed)
             if seen_running is not None:
                 seen_running.append({c.cell: c.state for c in run_status(run).cells})
-            os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
+            with open(killed.attempt_lock, "a") as fence_lock:
+                fcntl.flock(fence_lock, fcntl.LOCK_EX)  # the attempt is between two records
+                os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
             if not mid_instance(killed):  # the instance ended in between: try the next one
                 os.kill(pid, signal.SIGCONT)
                 continue
+            frozen = CellFence.read(killed.root)["token"]
             node = next(n for n in workers if n.node_id == node_id)
             head.remove_node(node, allow_graceful=False)
             stale_pid = pid
         # Ray notices the lost node and retries the cell on the other one (after the harness cell)
-        while CellFence.read(killed.root)["token"] < 2:
-            assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "Ray never retried the cell of the lost node"
+        deadline = time.monotonic() + 600
+        while CellFence.read(killed.root)["token"] <= frozen:
+            assert driver.poll() is None, driver_ran("the driver ended before Ray retried the cell")
+            assert time.monotonic() < deadline, driver_ran("Ray never retried the cell of the lost node")
             time.sleep(0.2)
         try:  # the partitioned node is back: its attempt is stale (unless Ray ended it with its node)
             os.kill(stale_pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        output = driver.communicate(timeout=600)[0].decode()
-        assert driver.returncode == 0, output[-3000:]
+        driver.wait(timeout=600)
+        assert driver.returncode == 0, driver_ran(f"the driver exited {driver.returncode}")
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
