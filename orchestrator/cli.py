@@ -71,6 +71,10 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
             _fail(f"--executor ray needs Ray ({exc}): pip install 'carc\\[ray]'")
 
         def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
+            from orchestrator.run.grid_config import load_grid
+            if load_grid(RunPaths(run_dir).grid).collective is not None:  # a Ray task per user and round
+                from orchestrator.run.collective.on_ray import execute_collective_ray
+                return execute_collective_ray(run_dir, workers, address, durability=durability)
             return execute_ray_run(run_dir, workers, address, durability=durability)
     elif executor == "local":
         if address is not None or durability != "shared":

@@ -186,6 +186,40 @@ def test_planned_from_itself_the_grid_counts_the_curators_conversations_and_ever
         assert plan[name].calls == pytest.approx(lines), name
 
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_on_ray_each_users_round_is_a_task_and_the_run_ends_as_on_the_local_executor(run_dir, tmp_path):
+    """`carc grid run --executor ray` (Ray started on this machine): each user's round a Ray
+    task with its own sandbox, the curator on the head between rounds; every user's instances end
+    as they ended on the local executor, and the curator writes the same library."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray", reason="the Ray executor needs the ray extra")
+    from tests.test_collective import outcomes
+    from tests.test_runner import _run_labelled
+
+    run = tmp_path / "runs" / "collective-harness-ray"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(GRID)
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                           "--executor", "ray", "--workers", "2", "--no-report"],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert outcomes(run) == outcomes(run_dir) and len(outcomes(run)) == 2 * USERS * SLOTS
+
+    def library(root: Path) -> dict[str, str]:
+        shared = RunPaths(root).cell(COLLECTIVE).root / "shared"
+        return {str(p.relative_to(shared)): p.read_text() for p in sorted(shared.glob("round-*/library/*.py"))}
+    assert library(run) == library(run_dir) != {}
+    for cell in RunPaths(run).cell_folders():  # each user's calls in its own journal, as on the local executor
+        for user in cell.user_folders():
+            entries = [e for e in read_journal(user.journal) if not e.refused and e.api != "other"]
+            counted = Counter({slot: end.model_calls for slot, end in _ends(user).items()})
+            assert entries and Counter(e.slot for e in entries) == +counted, user.root
+    assert _run_labelled(run.name) == []
+
+
 def test_the_library_read_back_holds_only_small_regular_task_files(tmp_path):
     snapshot = _archive(tmp_path / "state.tar.gz", [
         ("./library/own-a.py", b"def transform(g):\n    return g\n", None),

@@ -399,8 +399,8 @@ def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | No
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     if grid.collective is not None:
-        raise ValueError(f"{run_dir}: the collective regime runs on the local executor for now "
-                         "(its users share a proxy and a shared state per row): drop --executor ray")
+        raise ValueError(f"{run_dir}: a collective grid runs its users in rounds: "
+                         "orchestrator.run.collective.on_ray.execute_collective_ray (carc grid run does)")
     run_prices(run_dir)  # before any attempt: they only read it
     try:  # each node prepares its images and prunes the run's leftovers itself
         return execute_ray(run_dir, grid_path, grid, grid.cells(), address, workers, show_progress,

@@ -155,7 +155,7 @@ class UserRunner(CellRunner):
             learner.shared_dir = shared_dir if services.harness is None else None
             ran = 0
             try:
-                with EventLog(self.events_path) as journal:
+                with EventLog(self.events_path, self.fence) as journal:  # fenced on Ray
                     for slot in todo:
                         if stop.is_set():
                             break
@@ -271,9 +271,10 @@ class Checkers:
     network) per worker thread, started on first use (`sandbox.engine: docker`), or host
     subprocesses (`process`)."""
 
-    def __init__(self, grid: GridConfig, run_name: str):
+    def __init__(self, grid: GridConfig, run_name: str, name: str = ""):
         self.grid = grid
         self.run_name = run_name
+        self.name = name  # apart from every other Checkers' containers on the engine (Ray: one per task)
         self.local = threading.local()
         self.started: list[SandboxExecutor] = []
         self.numbered = 0
@@ -290,7 +291,7 @@ class Checkers:
                 number = self.numbered
                 self.numbered += 1
             spec = SandboxSpec(ensure_image("base", self.grid.sandbox.base), run=self.run_name,
-                               cell=f"collective-checker-{number}", proxy=None, volume=False,
+                               cell=f"collective-checker-{self.name}{number}", proxy=None, volume=False,
                                limits=sandbox_limits(self.grid))
             current = SandboxExecutor(DockerSandbox(spec).start())
             self.local.executor = current
