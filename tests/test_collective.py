@@ -23,6 +23,7 @@ import pytest
 from harness_adapters.demo_cache_floor import DemoCache, DemoCacheFloor
 from harness_adapters.program_library import ProgramLibrary
 from orchestrator.arc import Demo
+from orchestrator.tasks.frames import Frame
 from orchestrator.run.collective import runner as collective_runner
 from orchestrator.run.collective.schedule import rounds, user_schedule, user_seed
 from orchestrator.run.collective.training import RoundModel, RoundTrainer
@@ -127,7 +128,10 @@ def test_a_collective_grid_refuses_what_it_cannot_run_and_says_what_to_do():
     assert _grid().problems() == []
     assert _grid().track.fresh_reference is False
     framed = _grid(track={"name": "arc1", "source": "frames", "tasks": 3, "visits": 2, "epilogue": 0}).problems()
-    assert any("generated instances" in message for _, message in framed)
+    assert framed == []
+    arc3 = _grid(track={"name": "arc3", "tasks": 1, "visits": 1, "epilogue": 0,
+                        "environments_dir": "/nonexistent"}).problems()
+    assert any(where == ("track", "name") and "arc3's games" in message for where, message in arc3)
     harness = _grid(learners=[{"learner": "hermes-agent", "row": "memory-on"},
                               {"learner": "hermes-agent", "row": "collective"}]).problems()
     assert harness == []
@@ -172,6 +176,58 @@ def test_users_share_the_tasks_not_the_streams_or_grids_and_the_epilogue_comes_i
         assert [s.round for s in sched if s.slot.phase == "stream"] == [i // 4 for i in range(6)]
         assert {s.round for s in sched if s.slot.phase == "epilogue"} == {2 if u < 3 else 3}
 
+
+
+@pytest.mark.parametrize("track", [{"name": "arc1", "source": "frames"}, {"name": "arc2"}])
+def test_on_a_frames_track_no_two_users_get_the_same_frame_of_a_task(track):
+    """Every (user, task, visit) of the stream comes in a frame of its own, drawn from one sequence
+    of distinct frames per task; the held-out epilogue (public pairs) in a recolouring of each
+    user's own. Users still share the tasks, and a frame keeps the task's test pair."""
+    from orchestrator.tasks.frames import UserFrames
+
+    grid = _grid(track={**track, "tasks": 3, "visits": 3, "epilogue": 2})
+    cell = grid.cells()[1]
+    schedules = [user_schedule(grid, cell, u) for u in range(6)]
+    frames: dict[str, list] = defaultdict(list)
+    held_out: dict[str, list] = defaultdict(list)
+    for sched in schedules:
+        for s in sched:
+            source = s.slot.source
+            assert isinstance(source, UserFrames)
+            (frames if s.slot.phase == "stream" else held_out)[s.slot.task_id].append(
+                source.frame(s.slot.task_id, s.slot.visit))
+    assert len(frames) == 3 and all(len(f) == 6 * 3 == len(set(f)) for f in frames.values())
+    assert len(held_out) == 2 and all(len(f) == 6 == len(set(f)) for f in held_out.values())
+    assert all(f.symmetry == "identity" for fs in held_out.values() for f in fs)  # recoloured only
+    slot = schedules[4][0].slot  # an instance is its task's test pair under the user's frame
+    frame, instance = slot.source.frame(slot.task_id, slot.visit), slot.instance()
+    assert instance.test_input == frame.apply(slot.source.source.framed_instance(
+        slot.task_id, slot.visit, slot.seed, Frame()).test_input)
+    with pytest.raises(ValueError, match="has 3"):
+        slot.source.frame(slot.task_id, 3)
+
+
+def test_a_collective_grid_on_arc1_frames_runs_every_users_instances_and_reports_them(tmp_path):
+    from orchestrator.analysis.collective_report import write_collective_report
+
+    run_dir = tmp_path / "runs" / "frames"
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(textwrap.dedent("""\
+        name: collective-frames
+        seed: 1
+        track: {name: arc1, source: frames, tasks: 2, visits: 2, epilogue: 2}
+        collective: {users: 4, round_slots: 2}
+        efforts: [low]
+        learners: [stateless-floor, {learner: demo-cache-floor, row: collective}]
+        sandbox: {engine: process}
+        workers: 2
+        """))
+    execute(run_dir, show_progress=False)
+    ends = outcomes(run_dir)
+    assert len(ends) == 2 * 4 * (2 * 2 + 2)
+    assert {phase for _, phase, *_ in ends.values()} == {"stream", "epilogue"}
+    report = write_collective_report(run_dir).read_text()
+    assert "## Collective regime: New tasks: the epilogue halves" in report
 
 def test_the_update_step_pools_pairs_and_keeps_the_program_most_users_keep(tmp_path):
     def pair(n: int) -> Demo:

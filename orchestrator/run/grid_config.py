@@ -321,7 +321,7 @@ class GridConfig(_Strict):
         return found
 
     def _collective_problems(self) -> list[tuple[tuple[Any, ...], str]]:
-        """A collective grid: generated instances (own, Re-ARC), one order, users instead of
+        """A collective grid: ARC instances (own, Re-ARC, frames), one order, users instead of
         seeds, learners on rows memory-on (independent) or a collective row (collective, trained;
         a harness's collective row has a curator session between rounds); the collective rows
         nowhere else."""
@@ -330,11 +330,9 @@ class GridConfig(_Strict):
                      "collective: {users: N, round_slots: S} or use another row")
                     for i, e in enumerate(self.learners) if e.row in COLLECTIVE_ROWS]
         found: list[tuple[tuple[Any, ...], str]] = []
-        if not (self.track.name == "own" or self.track.source in ("own", "rearc")):
-            found.append((("track", "name"), f"a collective grid serves generated instances (track own, "
-                          f"or arc1 with source rearc), not {self.track.name}"
-                          f"{' ' + self.track.source if self.track.source else ''}: users share pairs "
-                          "and programs keyed by task, which other users' frames would contradict"))
+        if self.track.name == "arc3":
+            found.append((("track", "name"), "a collective grid serves ARC instances (tracks own, arc1, "
+                          "arc2), not arc3's games: an ARC-AGI-3 level runs on its own runner"))
         if len(self.orders) != 1:
             found.append((("orders",), "a collective grid has one order (its users' streams differ by "
                           "seed): give one"))

@@ -16,6 +16,7 @@ import itertools
 import random
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -25,7 +26,7 @@ import yaml
 from orchestrator.arc import Demo, Grid, shape
 from orchestrator.tasks.base import ArcInstance, derive_seed
 from orchestrator.tasks.labels import SYMMETRY_NAMES, LabelsError, is_format_2, read_labels
-from orchestrator.tasks.public import (PublicTask, arc1_tasks, arc2_tasks, check_visit,
+from orchestrator.tasks.public import (PublicPairsSource, PublicTask, arc1_tasks, arc2_tasks, check_visit,
                                        seeded_demos, task_of)
 
 
@@ -208,10 +209,12 @@ class FramedSource:
     """
 
     def __init__(self, tasks: Mapping[str, PublicTask], name: str,
-                 labels_file: str | Path | None = None, default_labels: str = DEFAULT_LABELS) -> None:
+                 labels_file: str | Path | None = None, default_labels: str = DEFAULT_LABELS,
+                 labels: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        """`labels` (task id -> allowed symmetries) replaces the labels file: {} recolours only."""
         self.name = name
         self._tasks = dict(tasks)
-        self._labels = load_symmetry_labels(labels_file, default_labels)
+        self._labels = dict(labels) if labels is not None else load_symmetry_labels(labels_file, default_labels)
 
     def task_ids(self) -> list[str]:
         return list(self._tasks)
@@ -226,12 +229,55 @@ class FramedSource:
         return _draw_frames(allowed, derive_seed(seed, "frames", task_id), visit + 1)[visit]
 
     def instance(self, task_id: str, visit: int, seed: int) -> ArcInstance:
+        return self.framed_instance(task_id, visit, seed, self.frame(task_id, visit, seed))
+
+    def framed_instance(self, task_id: str, visit: int, seed: int, frame: Frame) -> ArcInstance:
+        """Visit `visit` of the task (its test pair, its demos' order from `seed`) under `frame`."""
         task = task_of(self._tasks, task_id, self.name)
-        frame = self.frame(task_id, visit, seed)
         test = task.test[visit % len(task.test)]
         demos = seeded_demos(task.train, derive_seed(seed, "frame-demos", task_id, visit))
         return ArcInstance(task_id, visit, frame.apply(test.input), frame.apply(test.output),
                            tuple(frame.apply_demo(d) for d in demos))
+
+
+
+class UserFrames:
+    """One user of a collective grid on a framed source: visit v of a task comes in frame number
+    `user * visits + v` of the task's one sequence of distinct frames, drawn from the grid's seed
+    (`_draw_frames`), so no two users, and no two visits of one user, get the same frame of a
+    task. The test pair and the demos' order are the source's for the user's own seed."""
+
+    def __init__(self, source: FramedSource, user: int, visits: int, grid_seed: int) -> None:
+        self.source, self.user, self.visits, self.grid_seed = source, user, visits, grid_seed
+        self.name = source.name
+
+    def task_ids(self) -> list[str]:
+        return self.source.task_ids()
+
+    def frame(self, task_id: str, visit: int) -> Frame:
+        check_visit(visit)
+        if visit >= self.visits:
+            raise ValueError(f"visit {visit} of task {task_id}: a user of this grid has {self.visits}")
+        number = self.user * self.visits + visit
+        allowed = self.source.allowed_symmetries(task_id)
+        # a draw depends only on the ones before it: a longer draw starts with every shorter one
+        return _drawn(allowed, derive_seed(self.grid_seed, "frames", task_id), 1 << number.bit_length())[number]
+
+    @classmethod
+    def over(cls, source: PublicPairsSource | FramedSource, user: int, visits: int,
+             grid_seed: int) -> "UserFrames":
+        """A framed source as is; public pairs (an arc track's epilogue) recoloured only."""
+        if isinstance(source, PublicPairsSource):
+            source = FramedSource(source.tasks, f"{source.name}-recoloured", labels={})
+        return cls(source, user, visits, grid_seed)
+
+    def instance(self, task_id: str, visit: int, seed: int) -> ArcInstance:
+        return self.source.framed_instance(task_id, visit, seed, self.frame(task_id, visit))
+
+
+@lru_cache(maxsize=1024)
+def _drawn(allowed: tuple[str, ...], seed: int, count: int) -> tuple[Frame, ...]:
+    return tuple(_draw_frames(allowed, seed, count))
 
 
 # ----- deriving the labels -----

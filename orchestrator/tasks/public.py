@@ -109,6 +109,10 @@ class PublicPairsSource:
         self.name = name
         self._tasks = dict(tasks)
 
+    @property
+    def tasks(self) -> Mapping[str, PublicTask]:
+        return self._tasks
+
     def task_ids(self) -> list[str]:
         return list(self._tasks)
 
