@@ -124,3 +124,51 @@ def test_a_users_attempt_that_a_newer_attempt_replaced_writes_no_record(tmp_path
             runner.run_round(0, services, None, threading.Event(), lambda: None)
     checkers.close()
     assert not user.events.exists() or read_events(user.events) == []
+
+
+def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_the_same_end(tmp_path):
+    """SIGINT to the driver's process group mid-round (Ray started by the driver on this
+    machine): the run stops at once, Ray's tasks are cancelled and no container, network or
+    volume of the run, no raylet and no model server is left; the records are the executor's
+    no more than the folder is, so `carc grid run --resume` on the local executor finishes the
+    run, and it ends as the uninterrupted local run with nothing charged for the interruption."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    reference = make_run(tmp_path, "collective-local")
+    execute_collective(reference, show_progress=False)
+    run = make_run(tmp_path, "collective-ray-interrupted")
+    before = {p.pid for p in psutil.process_iter()}
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                               "--executor", "ray", "--workers", "2", "--no-report"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(outcomes(run)) < 3:
+            assert driver.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGINT)
+        assert driver.wait(timeout=120) == 130
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    stopped = outcomes(run)
+    assert 0 < len(stopped) < 2 * USERS * SLOTS
+    assert _run_labelled(run.name) == []
+    time.sleep(2)  # the model servers' and Ray's processes end with their parents
+    left = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):  # read at once: a process may end meanwhile
+        if proc.info["pid"] not in before and (proc.info["name"] in ("raylet", "gcs_server")
+                                               or "model serve" in " ".join(proc.info["cmdline"] or ())):
+            left.append(proc.info["name"])
+    assert left == []
+    resumed = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                              "--no-report"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert outcomes(run) == outcomes(reference)
+    assert shared_digests(run) == shared_digests(reference)
