@@ -144,11 +144,11 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
                 for number in range(plan.total):
                     if shares(grid, cell):
                         update_shared(grid, cell, paths, number, upstream)
-                    if stop.is_set():
-                        return
-                    refs = [task.options(**cell_options(grid, cell)).remote(str(run_dir), cell.model_dump_json(), u,
-                                                                            number) for u in range(users)]
-                    with lock:
+                    with lock:  # submitted and listed at once: Ctrl-C cancels every task it lets start
+                        if stop.is_set():
+                            return
+                        refs = [task.options(**cell_options(grid, cell)).remote(
+                            str(run_dir), cell.model_dump_json(), u, number) for u in range(users)]
                         live.update(refs)
                     errors = []
                     for user, ref in enumerate(refs):
@@ -169,8 +169,8 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
                         _show(progress, bars, ended)
                         time.sleep(0.5)
                 except BaseException:
-                    stop.set()  # no row submits another round; the records written stand
                     with lock:
+                        stop.set()  # no row submits another round; the records written stand
                         for ref in live:
                             try:
                                 ray.cancel(ref, force=True)
