@@ -37,24 +37,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from orchestrator.records import CellFence, RunPaths
 from orchestrator.rows import row
-from orchestrator.run.collective.runner import (Checkers, UserRunner, round_model, row_services, shares,
-                                                update_shared)
+from orchestrator.run.collective.runner import (Checkers, UserRunner, model_host, round_model, row_failures,
+                                                row_services, shares, update_shared)
 from orchestrator.run.collective.schedule import rounds, user_schedule
 from orchestrator.run.collective.training import RoundModel
-from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid
+from orchestrator.run.grid_config import HARNESSES, Cell, load_grid
 from orchestrator.run.ray_executor import attempt_holder, cell_options, connect, on_every_node, prepare_node
 
 log = structlog.get_logger("carc.collective.ray")
-
-
-def model_host(grid: GridConfig) -> str:
-    """Where this machine's model listens: the host's docker0 address when harness proxies
-    (containers) call it, else loopback."""
-    if not any(c.learner in HARNESSES for c in grid.cells()):
-        return "127.0.0.1"
-    from sandboxes.images import docker_client
-    from sandboxes.networks import host_address
-    return host_address(docker_client())
 
 
 def run_user_round(run_dir: str, cell_json: str, user: int, number: int) -> int:
@@ -105,7 +95,7 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
     import ray
 
     from orchestrator.run.grid_run import RunInterrupted, model_service, run_grid_path, run_prices
-    from orchestrator.run.status import mark_started, record_failure
+    from orchestrator.run.status import mark_started
 
     if durability != "shared":
         raise ValueError(f"--durability {durability}: a collective grid on Ray writes into the run folder "
@@ -178,12 +168,7 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
                                 pass
                     raise
                 _show(progress, bars, ended)
-                for future, cell in drivers.items():
-                    try:
-                        future.result()
-                    except Exception as exc:  # the other rows went on; resume continues this one
-                        failures.append(f"{cell.cell}: {type(exc).__name__}: {exc}")
-                        record_failure(run_dir, cell.cell, f"{type(exc).__name__}: {exc}")
+                failures += row_failures(run_dir, drivers)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI turns it into this)
         raise RunInterrupted(run_dir) from None
     finally:

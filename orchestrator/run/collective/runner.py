@@ -404,18 +404,39 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
     return []
 
 
+
+def model_host(grid: GridConfig) -> str:
+    """Where this machine's model listens: the host's docker0 address when harness proxies
+    (containers) call it, else loopback."""
+    if not any(c.learner in HARNESSES for c in grid.cells()):
+        return "127.0.0.1"
+    from sandboxes.images import docker_client
+    from sandboxes.networks import host_address
+    return host_address(docker_client())
+
+
+def row_failures(run_dir: Path, drivers: dict[Future, Cell]) -> list[str]:
+    """Wait for every row's driver; each row that raised, recorded in logs/failures.jsonl (the
+    other rows went on; resume continues this one)."""
+    from orchestrator.run.status import record_failure
+
+    failures = []
+    for future, cell in drivers.items():
+        try:
+            future.result()
+        except Exception as exc:
+            failures.append(f"{cell.cell}: {type(exc).__name__}: {exc}")
+            record_failure(run_dir, cell.cell, f"{type(exc).__name__}: {exc}")
+    return failures
+
+
 def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dict, plan, workers: int,
               checkers: Checkers, progress: Progress, stop: threading.Event, failures: list[str]) -> None:
-    from orchestrator.run.grid_run import harness_learners, model_service
-    from orchestrator.run.status import record_failure
+    from orchestrator.run.grid_run import model_service
 
     users = len(next(iter(schedules.values())))
     # Harness proxies run in containers: the model listens on the host's docker0 address then.
-    host = "127.0.0.1"
-    if harness_learners(grid):
-        from sandboxes.images import docker_client
-        from sandboxes.networks import host_address
-        host = host_address(docker_client())
+    host = model_host(grid)
     # the embedded model: one server whose processes (one per core) share its port, so every
     # row's proxy has one upstream and the kernel spreads the calls
     with model_service(grid, RunPaths(run_dir).logs, 1, host=host, processes=os.cpu_count() or 1) as urls, \
@@ -463,12 +484,7 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
         rows = stack.enter_context(ThreadPoolExecutor(len(cells), thread_name_prefix="row"))
         drivers = {rows.submit(drive, c): c for c in cells}
         try:
-            for future, cell in drivers.items():
-                try:
-                    future.result()
-                except Exception as exc:  # the other rows go on; resume continues this one
-                    failures.append(f"{cell.cell}: {type(exc).__name__}: {exc}")
-                    record_failure(run_dir, cell.cell, f"{type(exc).__name__}: {exc}")
+            failures += row_failures(run_dir, drivers)
         except BaseException:
             stop.set()  # every user stops before its next instance; the records stand
             raise
