@@ -433,6 +433,22 @@ def run_program(source: str, inputs: list[Grid], limits: ProgramLimits = Program
     return results
 
 
+# Failing pairs shown in full (what the program returned) in a failed check's message; the rest
+# are named by number. A program that misses a task's rule tends to miss every pair, and a learner
+# holding many pairs (a demo cache) would otherwise be sent every returned grid again on every
+# retry: up to ~11 KB a message, resent with the whole conversation on each later call.
+SHOWN_FAILURES = 3
+
+
+def _failure_details(failures: list[tuple[int, str]], held: int) -> str:
+    lines = [text for _, text in failures[:SHOWN_FAILURES]]
+    rest = [number for number, _ in failures[SHOWN_FAILURES:]]
+    if rest:
+        lines.append(f"{len(failures)} of the {held} pairs failed; also pair"
+                     f"{'s' if len(rest) > 1 else ''} {', '.join(map(str, rest))}.")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class CheckResult:
     passed: bool
@@ -445,16 +461,16 @@ def check_program(source: str, pairs: list[Demo], test_input: Grid,
                   executor: ProgramExecutor = local_executor) -> CheckResult:
     """Check a program on every pair held (free) and, when it passes all, run it on the test input."""
     results = run_program(source, [p.input for p in pairs] + [test_input], limits, executor)
-    failures = []
+    failures: list[tuple[int, str]] = []
     for number, (pair, result) in enumerate(zip(pairs, results), start=1):
         if result.error:
-            failures.append(f"Pair {number}: {result.error}")
+            failures.append((number, f"Pair {number}: {result.error}"))
         elif result.output != pair.output:
-            failures.append(f"Pair {number}: the output differs from the expected output; "
-                            f"the program returned {grid_json(result.output)[:2000]}")
+            failures.append((number, f"Pair {number}: the output differs from the expected output; "
+                                     f"the program returned {grid_json(result.output)[:2000]}"))
     test = results[-1]
     if failures:
-        return CheckResult(False, None, "\n".join(failures))
+        return CheckResult(False, None, _failure_details(failures, len(pairs)))
     if test.error:
         return CheckResult(False, None, f"On the test input: {test.error}")
     return CheckResult(True, test.output, "")

@@ -42,6 +42,21 @@ def test_a_program_that_misses_a_pair_fails_with_the_pair_named():
     assert not result.passed and "Pair 1" in result.details and "Pair 2" in result.details
 
 
+def test_a_failed_check_shows_the_first_three_failing_pairs_and_names_the_rest():
+    """A demo cache can hold dozens of pairs; the message shows three returned grids, not all."""
+    pairs = [Demo(((n, 1),), ((n, 2),)) for n in range(8)]
+    result = check_program("def transform(grid):\n    return [[9]]\n", pairs, TEST)
+    shown = [line for line in result.details.splitlines() if line.startswith("Pair ")]
+    assert [line.split(":")[0] for line in shown] == ["Pair 1", "Pair 2", "Pair 3"]
+    assert all(line.endswith("returned [[9]]") for line in shown)
+    assert result.details.splitlines()[-1] == "8 of the 8 pairs failed; also pairs 4, 5, 6, 7, 8."
+    pairs[1] = Demo(((2, 1),), ((1, 2),))  # the flip reproduces pair 2 only
+    four = check_program(FLIP, pairs[:5], TEST)
+    assert [line.split(":")[0] for line in four.details.splitlines()[:3]] == ["Pair 1", "Pair 3", "Pair 4"]
+    assert four.details.splitlines()[-1] == "4 of the 5 pairs failed; also pair 5."
+    assert check_program(FLIP, pairs[1:2], TEST).passed
+
+
 def test_an_endless_program_is_killed_at_the_time_limit():
     source = "def transform(grid):\n    while True:\n        pass\n"
     results = run_program(source, [TEST], ProgramLimits(wall_s=2, cpu_s=1))
