@@ -12,7 +12,7 @@ per instance from the users' records, multiplies by the instances the grid has, 
 least CPU time the whole grid's calls take on this path alone, and so the least wall time on this
 machine's cores: the part of a run no faster learner or search could remove.
 
-    python bench/call_path.py [--calls 300] [--sizes 1,30,100] [--run runs/ID]
+    python bench/call_path.py [--calls 300] [--sizes 1,30,100] [--run runs/ID [--grid GRID]]
 """
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ def measure(base_url: str, messages: list[dict], calls: int, server: int, proxy:
             "total": client + prx + srv, "wall": wall}
 
 
-def row_calls(run_dir: Path) -> dict[str, tuple[int, int, int]]:
-    """Per row: (instances finished, model calls of those, instances the grid has)."""
-    grid = load_grid(run_dir / "grid.yaml")
-    assert grid.collective is not None, f"{run_dir}: not a collective run"
+def row_calls(run_dir: Path, grid_path: Path | None = None) -> dict[str, tuple[int, int, int]]:
+    """Per row: (instances finished, model calls of those, instances the grid has): the run's
+    grid, or `grid_path` (the same rows at another size: a small run's rates, the full grid's count)."""
+    grid = load_grid(grid_path or run_dir / "grid.yaml")
+    assert grid.collective is not None, f"{grid_path or run_dir}: not a collective grid"
     cells = {c.cell: c for c in grid.cells()}
     seen: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for events in sorted((run_dir / "cells").glob("*/users/*/events.jsonl")):
@@ -106,6 +107,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--sizes", default="1,30,100", help="request sizes to measure, in KB of conversation")
     parser.add_argument("--run", type=Path, help="a collective run folder: the floor its calls put under it")
+    parser.add_argument("--grid", type=Path, help="with --run: count the instances of this grid (the same "
+                                                  "rows, more users) at the run's calls per instance")
     args = parser.parse_args()
     console = Console(width=150)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -144,12 +147,12 @@ def main() -> None:
         return
     small = floor_ms[min(sizes)]["total"]
     cores = os.cpu_count() or 1
-    table = Table(title=f"{args.run}: the least CPU its model calls take on this path "
+    table = Table(title=f"{args.grid or args.run}: the least CPU its model calls take on this path "
                         f"({small:.2f} ms a call, the smallest request's)")
     for column in ("row", "instances seen", "calls / instance", "instances in grid", "calls in grid", "CPU s"):
         table.add_column(column, justify="right")
     total_calls = 0.0
-    for row, (n, calls, planned) in row_calls(args.run).items():
+    for row, (n, calls, planned) in row_calls(args.run, args.grid).items():
         per = calls / n if n else 0.0
         total_calls += per * planned
         table.add_row(row, f"{n:,}", f"{per:.1f}", f"{planned:,}", f"{per * planned:,.0f}",

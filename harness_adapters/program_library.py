@@ -1,7 +1,8 @@
 """The program library: the demo-cache floor where every submission is a program the model writes.
 
 Each program `transform(grid)` is checked free, in a sandbox (see program_check), against every pair held;
-failures go back to the model; a passing program's test output is submitted. The program that
+failures go back to the model (the first three failing pairs with what the program returned, the
+rest by number); a passing program's test output is submitted. The program that
 answered a task is kept (`state_dir/programs/<task>.py`) with the pairs, and when the task
 returns it runs first, before the model is asked. The wiped variant is the same learner with its
 state emptied before every instance (a row setting of the cell, not a code path here).
