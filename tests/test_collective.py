@@ -229,6 +229,41 @@ def test_a_collective_grid_on_arc1_frames_runs_every_users_instances_and_reports
     report = write_collective_report(run_dir).read_text()
     assert "## Collective regime: New tasks: the epilogue halves" in report
 
+
+def test_the_user_pool_serves_the_row_with_the_fewest_users_running_not_the_first_come():
+    """Two threads; row a queues four users before row b queues two. First come, first served
+    would start a1-a4 before b1; the pool starts b1 as soon as a thread frees."""
+    import queue
+    import threading
+
+    started: queue.Queue = queue.Queue()
+    gates = {name: threading.Event() for name in ("a1", "a2", "a3", "a4", "b1", "b2")}
+
+    def user(name: str) -> str:
+        started.put(name)
+        assert gates[name].wait(10)
+        return name
+
+    def next_started() -> str:
+        return started.get(timeout=10)
+
+    order = []
+    with collective_runner.RowPool(2) as pool:
+        futures = [pool.submit("a", user, f"a{n}") for n in range(1, 5)]
+        order += sorted([next_started(), next_started()])
+        futures += [pool.submit("b", user, f"b{n}") for n in range(1, 3)]
+        for name in ("a1", "a2", "b1", "a3"):
+            gates[name].set()
+            order.append(next_started())
+        gates["b2"].set()
+        gates["a4"].set()
+        assert [f.result(10) for f in futures] == ["a1", "a2", "a3", "a4", "b1", "b2"]
+        failing = pool.submit("c", lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(10)
+    assert order == ["a1", "a2", "b1", "a3", "b2", "a4"]
+
+
 def test_the_update_step_pools_pairs_and_keeps_the_program_most_users_keep(tmp_path):
     def pair(n: int) -> Demo:
         return Demo(((n,),), ((n + 1,),))

@@ -24,13 +24,15 @@ import os
 import shutil
 import tarfile
 import tempfile
+import itertools
 import threading
 import time
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 import structlog
@@ -415,6 +417,80 @@ def model_host(grid: GridConfig) -> str:
     return host_address(docker_client())
 
 
+class RowPool:
+    """The user threads every row shares: a free thread takes the oldest waiting user of the row
+    with the fewest users running (ties: the row served longest ago), so every row with work
+    runs at once and none waits behind another row's round. (A first-come-first-served pool let
+    two rows take all 16 threads for the first rounds while four rows stood at 0.)
+
+    Threads live as long as the pool, so the checkers' one container per thread stays theirs.
+    `shutdown` runs what is queued, as a ThreadPoolExecutor's does: a stopped run's users end
+    before their next instance."""
+
+    def __init__(self, workers: int, name: str = "user"):
+        self._changed = threading.Condition()
+        self._waiting: dict[str, deque[tuple[Future, Callable[..., Any], tuple]]] = {}
+        self._running: Counter[str] = Counter()
+        self._served: dict[str, int] = {}
+        self._ticks = itertools.count()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{n}", daemon=True)
+                         for n in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the pool is shut down")
+            self._waiting.setdefault(key, deque()).append((future, fn, args))
+            self._changed.notify()
+        return future
+
+    def _take(self) -> tuple[str, tuple[Future, Callable[..., Any], tuple]] | None:
+        keys = [k for k, jobs in self._waiting.items() if jobs]
+        if not keys:
+            return None
+        key = min(keys, key=lambda k: (self._running[k], self._served.get(k, -1)))
+        self._running[key] += 1
+        self._served[key] = next(self._ticks)
+        return key, self._waiting[key].popleft()
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                while (taken := self._take()) is None:
+                    if self._closed:
+                        return
+                    self._changed.wait()
+            key, (future, fn, args) = taken
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        result = fn(*args)
+                    except BaseException as exc:  # noqa: BLE001 - the caller's to see, as in an executor
+                        future.set_exception(exc)
+                    else:
+                        future.set_result(result)
+            finally:
+                with self._changed:
+                    self._running[key] -= 1
+
+    def shutdown(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def __enter__(self) -> RowPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
 def row_failures(run_dir: Path, drivers: dict[Future, Cell]) -> list[str]:
     """Wait for every row's driver; each row that raised, recorded in logs/failures.jsonl (the
     other rows went on; resume continues this one)."""
@@ -440,7 +516,7 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
     # the embedded model: one server whose processes (one per core) share its port, so every
     # row's proxy has one upstream and the kernel spreads the calls
     with model_service(grid, RunPaths(run_dir).logs, 1, host=host, processes=os.cpu_count() or 1) as urls, \
-            progress, ThreadPoolExecutor(workers, thread_name_prefix="user") as pool, ExitStack() as stack:
+            progress, RowPool(workers) as pool, ExitStack() as stack:
 
         def drive(cell: Cell) -> None:
             paths = RunPaths(run_dir).cell(cell.cell)
@@ -470,8 +546,8 @@ def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dic
                             services = round_stack.enter_context(
                                 row_services(grid, cell, paths, upstream, checkers))
                         readable = shared if row(cell.row).shared == "learner" else None
-                        jobs: list[Future] = [pool.submit(r.run_round, number, services, readable, stop,
-                                                          lambda: progress.advance(bar))
+                        jobs: list[Future] = [pool.submit(cell.cell, r.run_round, number, services, readable,
+                                                          stop, lambda: progress.advance(bar))
                                               for r in runners]
                         wait(jobs)
                     errors = [f"user {runners[k].user}: {type(j.exception()).__name__}: {j.exception()}"
