@@ -104,6 +104,28 @@ def holder(cell: CellPaths) -> tuple[str, int]:
     return found.group(1), int(found.group(2))
 
 
+def stopped(pid: int, within_s: float = 5.0) -> bool:
+    """Whether every thread of `pid` is stopped (state T) within `within_s`. SIGSTOP takes effect
+    when each thread next leaves the kernel, not when kill(2) returns: a CI run once saw a user's
+    task end its instance, its round and return after the signal was sent and the records read."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            return False  # it ended
+        states = []
+        for task in tasks:
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # a thread that ended meanwhile
+        if states and all(state in ("T", "t") for state in states):
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
                       seen_running: list | None = None) -> CellPaths:
     """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell
@@ -142,7 +164,8 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
             with open(killed.attempt_lock, "a") as fence_lock:
                 fcntl.flock(fence_lock, fcntl.LOCK_EX)  # the attempt is between two records
                 os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
-            if not mid_instance(killed):  # the instance ended in between: try the next one
+                frozen_now = stopped(pid)  # once every thread of it has stopped, not when the signal is sent
+            if not frozen_now or not mid_instance(killed):  # the instance ended in between: try the next one
                 os.kill(pid, signal.SIGCONT)
                 continue
             frozen = CellFence.read(killed.root)["token"]
