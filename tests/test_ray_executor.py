@@ -96,6 +96,14 @@ def mid_instance(cell: CellPaths) -> bool:
     return last.type in ("instance_start", "resumed") or (last.type == "step" and not last.over)
 
 
+def open_instance(cell: CellPaths) -> tuple[int, int | None, str]:
+    """(the fence's token, the slot of the last event, its holder): which attempt is inside
+    which instance."""
+    record = CellFence.read(cell.root)
+    events = read_events(cell.events)
+    return record["token"], events[-1].slot if events else None, record["attempts"][-1]["holder"]
+
+
 def holder(cell: CellPaths) -> tuple[str, int]:
     """The node id and pid of the cell's current attempt."""
     attempt = CellFence.read(cell.root)["attempts"][-1]["holder"]
@@ -159,13 +167,16 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
                 time.sleep(0.01)
                 continue
             node_id, pid = holder(killed)
+            seen = open_instance(killed)
             if seen_running is not None:
                 seen_running.append({c.cell: c.state for c in run_status(run).cells})
             with open(killed.attempt_lock, "a") as fence_lock:
                 fcntl.flock(fence_lock, fcntl.LOCK_EX)  # the attempt is between two records
                 os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
                 frozen_now = stopped(pid)  # once every thread of it has stopped, not when the signal is sent
-            if not frozen_now or not mid_instance(killed):  # the instance ended in between: try the next one
+            # still inside the same instance of the same attempt (else it ended in between, or a
+            # new attempt, a collective user's next round, took over: try again)
+            if not frozen_now or not mid_instance(killed) or open_instance(killed) != seen:
                 os.kill(pid, signal.SIGCONT)
                 continue
             frozen = CellFence.read(killed.root)["token"]
