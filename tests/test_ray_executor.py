@@ -135,10 +135,11 @@ def stopped(pid: int, within_s: float = 5.0) -> bool:
 
 
 def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
-                      seen_running: list | None = None) -> CellPaths:
+                      seen_running: list | None = None, slots: tuple[int, ...] | None = None) -> CellPaths:
     """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell
     (or that collective user: `lost` is then `<row>/users/uNNNN`). With `seen_running`,
-    `carc status` is read just before the node is frozen and appended.
+    `carc status` is read just before the node is frozen and appended; with `slots`, only an
+    instance of one of these slots is frozen.
 
     The node is frozen while this test holds the cell's fence lock (`.attempt.lock`), so never
     inside a record's write: a process stopped there would hold the lock until it is let go,
@@ -168,6 +169,9 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
                 continue
             node_id, pid = holder(killed)
             seen = open_instance(killed)
+            if slots is not None and seen[1] not in slots:
+                time.sleep(0.01)
+                continue
             if seen_running is not None:
                 seen_running.append({c.cell: c.state for c in run_status(run).cells})
             with open(killed.attempt_lock, "a") as fence_lock:
