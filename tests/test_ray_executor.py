@@ -183,7 +183,7 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
             if not frozen_now or not mid_instance(killed) or open_instance(killed) != seen:
                 os.kill(pid, signal.SIGCONT)
                 continue
-            frozen = CellFence.read(killed.root)["token"]
+            frozen = seen[0]  # the token, unchanged since it was seen (checked above)
             node = next(n for n in workers if n.node_id == node_id)
             head.remove_node(node, allow_graceful=False)
             stale_pid = pid
