@@ -47,12 +47,12 @@ from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
 
 from proxy.journal import READY_FILE, TAG_HEADER, JournalEntry, JournalWriter, parse_tag, read_slot  # noqa: E402
 from proxy.prices import PriceTable  # noqa: E402
+from proxy.redact import KeyLeak, KeyMask, StreamRedactor, redact_body  # noqa: E402
 from proxy.sse import api_of, reassemble, usage_of  # noqa: E402
 
 logger = logging.getLogger("carc.proxy")
 
 JOURNALED = "carc_journaled"  # flow.metadata key: the flow has its line
-REDACTED = "<carc:redacted-key>"
 
 
 class _Call:
@@ -72,46 +72,22 @@ class _Call:
         self.streamed = False
         self.body = bytearray()
         self.t_first_byte: float | None = None
-        self.redactor: _StreamRedactor | None = None
+        self.redactor: StreamRedactor | None = None
         self.event_stream = False  # an SSE answer, streamed or (compressed) read whole
+        self.withheld: str | None = None  # why (part of) the answer was kept from the client
 
-    def tee(self, data: bytes) -> bytes:
+    def tee(self, data: bytes) -> bytes | list[bytes]:
         """flow.response.stream callable: pass every chunk on at once, keep a copy. With a real
-        key, the chunks pass a `_StreamRedactor` first (mitmproxy calls this with b"" at the
-        end of the stream, which flushes what it held back)."""
+        key, the chunks pass a `StreamRedactor` first (mitmproxy calls this with b"" at the
+        end of the stream, which flushes what it held back). Nothing to pass is an empty list:
+        an empty chunk would be sent as the chunked body's last, ending the answer early."""
         if data and self.t_first_byte is None:
             self.t_first_byte = time.time()
         if self.redactor is not None:
             data = self.redactor.feed(data) if data else self.redactor.flush()
+            self.withheld = self.redactor.withheld
         self.body += data
-        return data
-
-
-class _StreamRedactor:
-    """Masks a secret in a stream of chunks, also when the secret is split across chunks: a
-    chunk's tail that could be the start of the secret is held back until the next chunk shows
-    whether it is (any other byte passes on at once). The mask has the secret's length, so a
-    Content-Length stays true."""
-
-    def __init__(self, secret: bytes) -> None:
-        self.secret, self.mask, self.held = secret, mask_of(secret), b""
-
-    def feed(self, data: bytes) -> bytes:
-        buffer = (self.held + data).replace(self.secret, self.mask)
-        keep = next((n for n in range(min(len(self.secret) - 1, len(buffer)), 0, -1)
-                     if self.secret.startswith(buffer[-n:])), 0)
-        self.held = buffer[len(buffer) - keep:]
-        return buffer[:len(buffer) - keep]
-
-    def flush(self) -> bytes:
-        out, self.held = self.held, b""
-        return out
-
-
-def mask_of(secret: bytes) -> bytes:
-    """What replaces the key in anything sent back to a client: REDACTED cut or padded to the
-    key's own length, so no framing (Content-Length, a stream) changes."""
-    return (REDACTED.encode() + b"*" * len(secret))[:len(secret)]
+        return data if data else []
 
 
 SERVER_LOGGER = "mitmproxy.proxy.server"  # where mitmproxy logs what it rejects before any hook
@@ -150,6 +126,7 @@ class Journal:
         self.calls: dict[str, _Call] = {}
         self.allow: set[tuple[str, int | None]] = set()
         self.real_key = ""
+        self.mask: KeyMask | None = None  # finds the real key in anything sent back
         self.prices: PriceTable | None = None
         self._slot_cache: tuple[Any, tuple[int | None, str | None]] = (None, (None, None))
         # client connections that have not (yet) made a flow, by peer address: what mitmproxy
@@ -204,6 +181,7 @@ class Journal:
         if "carc_key_env" in updated:
             name = opts.carc_key_env
             self.real_key = os.environ.get(name, "") if name else ""
+            self.mask = KeyMask(self.real_key) if self.real_key else None
             if name and not self.real_key:
                 raise exceptions.OptionsError(
                     f"carc_key_env names {name}, but {name} is not set (or empty) in the "
@@ -322,10 +300,13 @@ class Journal:
         try:
             call = self.calls.get(flow.id)
             response = flow.response
-            if self.real_key:  # an upstream may echo the key in any header
-                key = self.real_key.encode()
-                response.headers.fields = tuple((name.replace(key, mask_of(key)), value.replace(key, mask_of(key)))
-                                                for name, value in response.headers.fields)
+            if self.mask is not None:  # an upstream may echo the key in any header
+                fields = [(self.mask.bytes(name), self.mask.bytes(value))
+                          for name, value in response.headers.fields]
+                # one that still spells it (percent-encoded, an HTML entity) is dropped
+                response.headers.fields = tuple(
+                    (name, value) for name, value in fields
+                    if not self.mask.shows((name + b": " + value).decode("latin-1")))
             content_type = response.headers.get("content-type", "")
             encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
             if call is not None and content_type.lower().startswith("text/event-stream"):
@@ -335,8 +316,8 @@ class Journal:
                     # masked in `response` like any body (the upstream ignored accept-encoding).
                     return
                 call.streamed = True
-                if self.real_key:
-                    call.redactor = _StreamRedactor(self.real_key.encode())
+                if self.mask is not None:
+                    call.redactor = StreamRedactor(self.mask)
                 flow.response.stream = call.tee
         except Exception:  # noqa: BLE001
             self._failed(flow, "responseheaders")
@@ -345,26 +326,29 @@ class Journal:
         try:
             call = self.calls.get(flow.id)
             streamed = call is not None and call.streamed
-            if self.real_key and flow.response is not None and flow.response.raw_content \
+            if self.mask is not None and flow.response is not None and flow.response.raw_content \
                     and not streamed:
-                # An upstream may quote the key in any body, compressed or not; the sandbox
-                # must never see it. Masked in the decoded body, which is then encoded again
-                # (`content` fixes Content-Length); a body that does not decode is withheld.
-                key = self.real_key.encode()
+                # An upstream may quote the key in any body, compressed or not, plain, escaped or
+                # in JSON within JSON; the sandbox must never see it. Masked in the decoded body as
+                # a client reads it, which is then encoded again (`content` fixes Content-Length);
+                # a body that does not decode, or that would still show the key, is withheld.
                 try:
                     content = flow.response.get_content(strict=True)
                 except ValueError:
                     content = None
-                if content is None:
-                    if key in flow.response.raw_content:
-                        flow.response.raw_content = flow.response.raw_content.replace(key, mask_of(key))
-                    else:
-                        flow.response = http.Response.make(
-                            502, "carc proxy: the upstream's body did not decode, so it could not "
-                                 "be checked for the API key; it was withheld.\n",
-                            {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "withheld"})
-                elif key in content:
-                    flow.response.content = content.replace(key, mask_of(key))
+                try:
+                    if content is None:
+                        raise KeyLeak("the upstream's body did not decode, so it could not be "
+                                      "checked for the API key")
+                    masked = redact_body(self.mask, content, call is not None and call.event_stream)
+                    if masked != content:
+                        flow.response.content = masked
+                except KeyLeak as leak:
+                    if call is not None:
+                        call.withheld = f"withheld the upstream's answer (HTTP {flow.response.status_code}): {leak}"
+                    flow.response = http.Response.make(
+                        502, f"carc proxy: {leak}; the answer was withheld.\n",
+                        {"content-type": "text/plain; charset=utf-8", "x-carc-proxy": "withheld"})
             self._finish(flow, None)
         except Exception:  # noqa: BLE001
             self._failed(flow, "response")
@@ -459,6 +443,9 @@ class Journal:
         request_obj = json_of(request.get_content(strict=False) if request.raw_content else b"")
         response_obj, problems = self._response_of(flow, call, api)
         problems = ([error] if error else []) + ([call.refused] if call.refused else []) + problems
+        if call.withheld:
+            problems.append(f"carc proxy {call.withheld}" if call.withheld.startswith("withheld")
+                            else f"carc proxy cut the stream: {call.withheld}")
         asked = request_obj.get("model") if isinstance(request_obj, dict) else None
         answered = response_obj.get("model") if isinstance(response_obj, dict) else None
         model = asked if isinstance(asked, str) else answered if isinstance(answered, str) else None
@@ -522,12 +509,12 @@ class Journal:
         if raw_response is not None:
             entry.raw_response = self.writer.write_raw(entry.id, "resp", self._redact(raw_response))
         line = entry.to_json()
-        if self.real_key and self.real_key in line:
-            line = line.replace(self.real_key, REDACTED)
+        if self.mask is not None:
+            line = self.mask.text(line)
         self.writer.write_line(line)
 
     def _redact(self, data: bytes) -> bytes:
-        return data.replace(self.real_key.encode(), REDACTED.encode()) if self.real_key else data
+        return self.mask.bytes(data) if self.mask is not None else data
 
     def _failed(self, flow: http.HTTPFlow, hook: str, refuse: bool = False) -> None:
         """A bug in this addon: log it, journal a line for the flow, never crash the proxy.

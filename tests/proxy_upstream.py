@@ -1,8 +1,8 @@
 """A scripted model upstream for the proxy tests: real HTTP (uvicorn in a thread), fixed answers.
 
 What it serves, chosen by path and by the request's `model`:
-- POST /v1/chat/completions: models "echo-sse", "echo-gzip", "echo-gzip-sse" and "echo-header"
-  quote the caller's authorization header back (see `echo`); otherwise JSON, or a stream (role, text and tool-call deltas, the usage chunk
+- POST /v1/chat/completions: models "echo-<framing>" quote the caller's authorization header back
+  in that framing (`tests.key_echo.FRAMINGS`); otherwise JSON, or a stream (role, text and tool-call deltas, the usage chunk
   when `stream_options.include_usage`); model "boom" answers 500; model "hang" streams two chunks
   and then waits until the client goes away (recorded in `disconnects`); model "cut-sse" streams two
   chunks and then breaks the connection mid-body.
@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.host import free_port
+from tests.key_echo import echo_reply
 
 CHAT_USAGE = {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
 STREAM_USAGE = {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}
@@ -139,7 +140,7 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
             return JSONResponse({"error": {"message": "upstream exploded", "type": "server"}},
                                 status_code=500)
         if str(body.get("model", "")).startswith("echo-"):
-            return echo(body["model"], request.headers.get("authorization", ""))
+            return echo_reply(body["model"][len("echo-"):], request.headers.get("authorization", ""))
         if body.get("model") == "hang":
             return StreamingResponse(hang(json.dumps(body)), media_type="text/event-stream")
         if body.get("model") == "cut-sse":
@@ -151,31 +152,6 @@ def create_app(upstream: ScriptedUpstream) -> FastAPI:
                 "model": body.get("model"), "usage": CHAT_USAGE,
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": "Hello"}}]}
-
-    def echo(model: str, secret: str):
-        """An upstream that quotes the caller's key back: in a stream split mid-key, in a gzip
-        body (sent compressed whatever the client accepts), in a gzip stream, in a header."""
-        if model == "echo-sse":
-            text = sse(chat_chunk({"role": "assistant", "content": f"you sent {secret}"}))
-            cut = text.index(secret.encode()) + len(secret) // 2
-
-            async def chunks():
-                yield text[:cut]
-                await asyncio.sleep(0.05)
-                yield text[cut:] + sse(chat_chunk({}, "stop")) + sse("[DONE]")
-            return StreamingResponse(chunks(), media_type="text/event-stream")
-        if model in ("echo-gzip", "echo-gzip-sse"):
-            if model == "echo-gzip":
-                body, kind = json.dumps({"error": {"message": f"bad key {secret}"}}).encode(), "application/json"
-            else:
-                body = sse(chat_chunk({"role": "assistant", "content": f"key {secret}"})) + sse("[DONE]")
-                kind = "text/event-stream"
-            return Response(gzip.compress(body), status_code=401 if model == "echo-gzip" else 200,
-                            media_type=kind, headers={"content-encoding": "gzip"})
-        return JSONResponse({"id": "c", "object": "chat.completion", "created": 1, "model": model,
-                             "choices": [{"index": 0, "finish_reason": "stop",
-                                          "message": {"role": "assistant", "content": "ok"}}]},
-                            headers={"x-echo-authorization": secret})
 
     async def hang(marker: str):
         try:
