@@ -267,9 +267,11 @@ def create_app(served: list[Served] | None = None) -> FastAPI:
 
 
 @contextmanager
-def scripted_model_server(host: str | None = None, served: list[Served] | None = None) -> Iterator[str]:
+def scripted_model_server(host: str | None = None, served: list[Served] | None = None,
+                          app: FastAPI | None = None) -> Iterator[str]:
     """The scripted model on the Docker bridge gateway (where proxy containers reach the host);
-    yields its base URL (…/v1). What it answers is appended to `served`."""
+    yields its base URL (…/v1). What it answers is appended to `served`; `app` serves another
+    model there instead (a test's variant of this one)."""
     import uvicorn
 
     from sandboxes.images import docker_client
@@ -278,7 +280,7 @@ def scripted_model_server(host: str | None = None, served: list[Served] | None =
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(served), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app or create_app(served), host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True, name="scripted-model")
     thread.start()
     deadline = time.monotonic() + 30

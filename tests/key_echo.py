@@ -1,7 +1,7 @@
 """An upstream that quotes the API key back, in every framing a client could decode.
 
 `echo_reply(framing, secret)` is the chat-completions answer of a hostile or careless provider that
-echoes the caller's key; `seen_by_client(...)` is everything a client could read out of the bytes
+echoes the caller's key; `EchoingModel` serves such answers to a whole grid; `seen_by_client(...)` is everything a client could read out of the bytes
 it got; `key_runs(...)` finds the key (or any RUN-character run of it) there, independently of
 the proxy's own code (proxy/redact.py), so a test of the proxy is not the proxy testing itself.
 """
@@ -15,6 +15,7 @@ import json
 import re
 from urllib.parse import unquote
 
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 # The nine framings the proxy must mask the key in (plain, SSE split mid-key, gzip, gzip SSE, a
@@ -198,3 +199,37 @@ def key_runs(secret: str, texts) -> list[str]:
         views = [text, re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)]
         found += sorted({run for run in runs for view in views if run in view})
     return found
+
+
+class EchoingModel:
+    """The scripted tool-using model (harness_adapters/scripted_model.py), each answer quoting the
+    caller's key in the next framing of its kind: a streamed request gets the stream framings in
+    turn, any other the body framings, so every framing reaches a learner in a real grid."""
+
+    def __init__(self) -> None:
+        self.served: list[str] = []  # the framing of each answer
+        self._turn = {True: 0, False: 0}
+
+    def app(self):
+        from harness_adapters.scripted_model import decide
+
+        app = FastAPI(title="carc key-echoing model")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            streamed = bool(body.get("stream"))
+            kinds = STREAMED if streamed else tuple(f for f in FRAMINGS if f not in STREAMED)
+            framing = kinds[self._turn[streamed] % len(kinds)]
+            self._turn[streamed] += 1
+            self.served.append(framing)
+            message = decide(body.get("messages") or [], tools=body.get("tools") or [])
+            message = {k: v for k, v in message.items() if v is not None} or {"content": ""}
+            if framing == "split-tools" and not message.get("tool_calls"):
+                framing = "split-content"  # a tool the harness does not have would derail it
+                self.served[-1] = framing
+            base = {"id": f"chatcmpl-echo{len(self.served)}", "created": 1,
+                    "model": body.get("model", "echo")}
+            return echo_reply(framing, request.headers.get("authorization", ""), message, base)
+
+        return app

@@ -7,6 +7,7 @@ API key reaches the upstream but never the sandbox (environment, files, /proc).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from proxy.journal import read_journal, write_slot
 from sandboxes.docker_sandbox import PROXY_HOST, REGULAR_PORT, DockerSandbox, ProxySpec, SandboxSpec
 from sandboxes.networks import host_address, ipv4_subnets, network_gateway
+from tests.key_echo import FRAMINGS, echo_reply, key_runs, seen_by_client
 from tests.docker_fixtures import base_image, client, proxy_image, run_id, _prune_at_end  # noqa: F401
 
 pytestmark = pytest.mark.docker
@@ -39,6 +41,8 @@ def serve_upstream(client, **ssl):
     async def chat(request: Request):
         body = await request.json()
         auth = request.headers.get("authorization", "")
+        if str(body.get("model", "")).startswith("echo-"):  # a provider that quotes the key back
+            return echo_reply(body["model"][len("echo-"):], auth)
         seen.append({"auth_is_real": auth == f"Bearer {REAL_KEY}", "model": body.get("model")})
         return {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -238,6 +242,44 @@ def test_the_real_key_is_absent_from_the_sandbox_environment_files_and_proc(cell
             "print(len(glob.glob('/proc/[0-9]*/environ')), hits)")
     processes, hits = box.exec(["python3", "-c", scan], input=REAL_KEY).text().split(" ", 1)
     assert int(processes) >= 3 and hits.strip() == "[]"
+
+
+ECHO_CLIENT = r"""
+import base64, json, os, sys, urllib.request
+got = {}
+for framing in json.loads(sys.argv[1]):
+    body = json.dumps({'model': 'echo-' + framing, 'messages': []}).encode()
+    req = urllib.request.Request('http://proxy:8081/v1/chat/completions', data=body, headers={
+        'content-type': 'application/json', 'accept-encoding': 'gzip',
+        'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})
+    with urllib.request.urlopen(req, timeout=20) as answer:
+        wire = answer.read()
+        got[framing] = [answer.status, base64.b64encode(wire).decode(), str(answer.headers.items()),
+                        answer.headers.get('content-encoding', '')]
+    with open('/state/answer-' + framing, 'wb') as kept:  # as a harness keeps what it was told
+        kept.write(wire)
+print(json.dumps(got))
+"""
+
+
+def test_a_key_the_upstream_echoes_in_any_framing_never_reaches_the_sandbox(cell):
+    """The container proxy masks the key in all nine framings (tests/key_echo.py): what the
+    sandbox could decode from each answer, what it stored, and the journal hold no 12-character
+    run of it."""
+    import base64
+    box, journal = cell
+    result = box.exec(["python3", "-c", ECHO_CLIENT, json.dumps(FRAMINGS)], timeout=120)
+    assert result.ok, result.stderr.decode()[-800:]
+    got = json.loads(result.stdout)
+    for framing, (status, wire, headers, encoding) in got.items():
+        seen = seen_by_client(base64.b64decode(wire), headers, encoding)
+        assert status == 200 and key_runs(REAL_KEY, seen) == [], framing
+        assert any("<carc:redacted" in text for text in seen), framing
+    stored = box.exec(["sh", "-c", "cat /state/answer-*"]).stdout
+    assert stored and key_runs(REAL_KEY, [stored]) == []
+    files = [(journal / "journal.jsonl").read_bytes()] + [
+        gzip.decompress(p.read_bytes()) for p in (journal / "raw").iterdir()]
+    assert key_runs(REAL_KEY, files) == []
 
 
 def test_the_sandbox_trusts_the_proxy_ca_through_every_ca_variable(cell):
