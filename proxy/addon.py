@@ -45,7 +45,7 @@ from mitmproxy.net.http import url  # noqa: E402
 from mitmproxy.net.http.http1 import assemble  # noqa: E402
 from mitmproxy.proxy.mode_specs import ReverseMode  # noqa: E402
 
-from proxy.journal import READY_FILE, TAG_HEADER, JournalEntry, JournalWriter, parse_tag, read_slot  # noqa: E402
+from proxy.journal import BYTES_PER_TOKEN_AT_LEAST, READY_FILE, TAG_HEADER, JournalEntry, JournalWriter, parse_tag, read_slot  # noqa: E402
 from proxy.prices import PriceTable  # noqa: E402
 from proxy.redact import KeyLeak, KeyMask, StreamRedactor, redact_body  # noqa: E402
 from proxy.sse import api_of, reassemble, usage_of  # noqa: E402
@@ -293,6 +293,7 @@ class Journal:
                 inject_key(flow.request.headers, self.real_key)
                 # Uncompressed answers, so an echoed key can be masked as the bytes pass.
                 flow.request.headers["accept-encoding"] = "identity"
+            self._begin(flow, call)
         except Exception:  # noqa: BLE001
             self._failed(flow, "request", refuse=True)
 
@@ -386,6 +387,19 @@ class Journal:
                     call.user, call.slot, call.phase = parse_tag(tag)
             self.calls[flow.id] = call
         return call
+
+    def _begin(self, flow: http.HTTPFlow, call: _Call) -> None:
+        """Mark the call in flight before it goes upstream: were this proxy killed before its
+        line, the journal's next writer journals it (JournalWriter.begin), priced at most as its
+        request could cost, so no spend meter under-counts a call the upstream may bill."""
+        entry = self._entry(flow, call, None)
+        entry.request = None  # the marker stays small; the body is journaled with the line
+        size = len(flow.request.raw_content or b"")
+        if self.prices is not None:
+            entry.cost_usd = self.prices.cost(entry.model, -(-size // BYTES_PER_TOKEN_AT_LEAST), 0)
+        entry.error = (f"; cost_usd is an upper bound of the prompt alone: the request's {size} bytes "
+                       f"priced as {-(-size // BYTES_PER_TOKEN_AT_LEAST)} prompt tokens")
+        self.writer.begin(entry)
 
     def _slot(self) -> tuple[int | None, str | None]:
         path = ctx.options.carc_control
@@ -512,6 +526,7 @@ class Journal:
         if self.mask is not None:
             line = self.mask.text(line)
         self.writer.write_line(line)
+        self.writer.settled(entry.id)
 
     def _redact(self, data: bytes) -> bytes:
         return self.mask.bytes(data) if self.mask is not None else data

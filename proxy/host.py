@@ -30,7 +30,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from proxy.journal import (JOURNAL_FILE, READY_FILE, JournalEntry, Phase, read_journal,
-                           write_slot)
+                           settle_in_flight, write_slot)
 
 # The proxy's settings, for the host proxy and the proxy image alike (sandboxes reads them here).
 MITMPROXY_VERSION = "11.0.2"
@@ -300,14 +300,16 @@ class HostProxy:
     def stop(self) -> None:
         process, self._process = self._process, None
         self.port = None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        settle_in_flight(self.journal_dir)  # the calls a killed proxy left unjournaled
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

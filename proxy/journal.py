@@ -14,6 +14,11 @@ Layout of a journal directory:
                              in reverse mode the Host header already names the upstream)
     raw/<id>.resp.gz         the response as the client received it (HTTP/1 form, de-chunked)
     proxy.ready              {"pid", "listen", "t"}: the addon is loaded and the proxy listens
+    in-flight/<id>.json      a call forwarded upstream whose line is not written yet (its entry as
+                             far as known); a proxy killed mid-call leaves it, and the next writer
+                             of the journal (a restarted proxy, or the host at teardown:
+                             `settle_in_flight`) journals it as an error line, so the journal
+                             counts every call the upstream may have billed
 
 The slot control file is owned by the orchestrator (the sandbox cannot reach it): it says which
 instance slot the cell is on and whether the verdict has been given, so every call is tagged with
@@ -39,6 +44,10 @@ Api = Literal["openai-chat", "openai-responses", "anthropic-messages", "other"]
 JOURNAL_FILE = "journal.jsonl"
 RAW_DIR = "raw"
 READY_FILE = "proxy.ready"  # written by the addon once it is loaded and the proxy listens
+IN_FLIGHT_DIR = "in-flight"
+# The size of a call's request over this is its prompt tokens' upper bound, for pricing a call
+# whose answer was never seen (a token is rarely under 3 bytes of JSON).
+BYTES_PER_TOKEN_AT_LEAST = 3
 PHASES: tuple[str, ...] = get_args(Phase)
 
 
@@ -160,6 +169,47 @@ class JournalWriter:
         self.path = self.directory / JOURNAL_FILE
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _cut_torn_tail(self._fd, self.path)
+        self.in_flight = self.directory / IN_FLIGHT_DIR
+        self.in_flight.mkdir(exist_ok=True)
+        self.abandoned = self._settle_abandoned()
+
+    def begin(self, entry: JournalEntry) -> None:
+        """Mark a call as in flight (its entry as known when it went upstream) until `settled`."""
+        path = self.in_flight / f"{entry.id}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(entry.to_json(), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def settled(self, entry_id: str) -> None:
+        """The call's line is written: it is no longer in flight."""
+        try:
+            os.unlink(self.in_flight / f"{entry_id}.json")
+        except FileNotFoundError:
+            pass
+
+    def _settle_abandoned(self) -> int:
+        """Journal the calls a previous proxy of this journal left in flight (it was killed):
+        an error line each, priced at most as their request could cost; returns how many."""
+        markers = sorted(self.in_flight.glob("*.json"))
+        if not markers:
+            return 0
+        written = {e.id for e in read_journal(self.path)}
+        now = time.time()
+        for marker in markers:
+            try:
+                entry = JournalEntry.from_json(marker.read_text(encoding="utf-8"))
+            except (OSError, ValueError, TypeError):
+                marker.unlink(missing_ok=True)  # a marker torn by the kill: its call is unknown
+                continue
+            if entry.id not in written:
+                entry.t_end, entry.latency_s = now, now - entry.t_start
+                entry.error = ("the proxy stopped while this call was in flight (killed, or its "
+                               "container died): no answer was journaled; found "
+                               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))} when the "
+                               "journal was next opened" + (entry.error or ""))
+                self.write(entry)
+            marker.unlink(missing_ok=True)
+        return len(markers)
 
     def write(self, entry: JournalEntry) -> None:
         self.write_line(entry.to_json())
@@ -189,6 +239,17 @@ class JournalWriter:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def settle_in_flight(directory: str | os.PathLike[str]) -> int:
+    """After a journal's proxy stopped for good (teardown): journal the calls it left in flight.
+    Never while a proxy still writes the journal. Returns how many were found."""
+    directory = Path(directory)
+    if not (directory / IN_FLIGHT_DIR).is_dir() or not any((directory / IN_FLIGHT_DIR).glob("*.json")):
+        return 0
+    writer = JournalWriter(directory)
+    writer.close()
+    return writer.abandoned
 
 
 def _cut_torn_tail(fd: int, path: Path) -> None:

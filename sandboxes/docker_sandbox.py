@@ -38,6 +38,7 @@ from docker.types import Mount
 from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
+from proxy.journal import settle_in_flight
 from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, SandboxEnvironment, SandboxError,
                                   durable_replace)
 from sandboxes.images import docker_client, machine_lock
@@ -321,6 +322,11 @@ class DockerSandbox(SandboxEnvironment):
             except docker.errors.APIError as exc:
                 log.warning("teardown_container", name=self.proxy_container.name, error=str(exc))
         self.proxy_container = None
+        if self.spec.proxy is not None:  # the calls a killed proxy left unjournaled
+            try:
+                settle_in_flight(self.spec.proxy.journal_dir)
+            except (OSError, ValueError) as exc:
+                log.warning("teardown_in_flight", sandbox=self.name, error=str(exc))
         if self.spec.volume:
             try:
                 self._remove_standbys()  # those a killed thread or a failed swap left

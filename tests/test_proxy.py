@@ -789,3 +789,42 @@ def test_journal_tail_returns_each_complete_line_once(tmp_path):
         handle.write(second[10:] + "\nnot json\n")
     assert [e.id for e in tail.new_entries()] == ["b"]  # the bad line is skipped
     assert tail.new_entries() == []
+
+
+def test_a_call_in_flight_when_the_proxy_is_killed_is_journaled_at_teardown_and_on_restart(upstream, tmp_path):
+    """The upstream counted a call the journal lacked when the proxy died mid-call: the marker the
+    addon leaves for a call in flight becomes an error line, priced at most as its request, when
+    the proxy is stopped (teardown) or the next proxy opens the journal (a restart); once only."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"hang": {"input": 1.0, "output": 2.0}}}))
+    journal = tmp_path / "journal"
+    write_slot(tmp_path / "slot.json", 7, "before")
+    for ending in ("teardown", "restart"):
+        mark = marker()
+        proxy = HostProxy(journal, cell="cell-k", upstream=upstream.url, prices=prices,
+                          control=tmp_path / "slot.json", confdir=tmp_path / "conf")
+        proxy.start()
+        with httpx.stream("POST", f"{proxy.base_url}/chat/completions", timeout=10,
+                          json={"model": "hang", "stream": True, "messages": [{"content": mark}]}) as reply:
+            next(reply.iter_bytes())  # the upstream answers, then hangs: the call is in flight
+            proxy._process.kill()  # noqa: SLF001 - the proxy dies as a killed container's would
+            proxy._process.wait()  # noqa: SLF001
+        # killed mid-call: no line yet (the upstream counted one more call than the journal)
+        assert len([e for e in read_journal(journal) if e.slot == 7]) == (0 if ending == "teardown" else 1)
+        if ending == "teardown":
+            proxy.stop()
+        else:
+            proxy._process = None  # noqa: SLF001 - no teardown: the next proxy finds the marker
+            with HostProxy(journal, cell="cell-k", upstream=upstream.url, prices=prices,
+                           confdir=tmp_path / "conf"):
+                pass
+        lost = [e for e in read_journal(journal) if "in flight" in (e.error or "")]
+        assert len(lost) == (1 if ending == "teardown" else 2), [e.error for e in lost]
+        entry = lost[-1]
+        assert (entry.slot, entry.phase, entry.model, entry.status, entry.api) == (7, "before", "hang", None, "openai-chat")
+        size = len(json.dumps({"model": "hang", "stream": True, "messages": [{"content": mark}]},
+                              separators=(",", ":")))
+        assert entry.cost_usd == pytest.approx(-(-size // 3) / 1e6) and "upper bound" in entry.error
+        assert not list((journal / "in-flight").glob("*.json"))
+    HostProxy(journal, cell="cell-k", upstream=upstream.url, confdir=tmp_path / "conf").stop()
+    assert len([e for e in read_journal(journal) if "in flight" in (e.error or "")]) == 2  # not again

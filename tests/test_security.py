@@ -7,6 +7,7 @@ API key reaches the upstream but never the sandbox (environment, files, /proc).
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -43,6 +44,8 @@ def serve_upstream(client, **ssl):
         auth = request.headers.get("authorization", "")
         if str(body.get("model", "")).startswith("echo-"):  # a provider that quotes the key back
             return echo_reply(body["model"][len("echo-"):], auth)
+        if body.get("model") == "hang":  # a provider still thinking when the proxy dies
+            await asyncio.sleep(30)
         seen.append({"auth_is_real": auth == f"Bearer {REAL_KEY}", "model": body.get("model")})
         return {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -280,6 +283,36 @@ def test_a_key_the_upstream_echoes_in_any_framing_never_reaches_the_sandbox(cell
     files = [(journal / "journal.jsonl").read_bytes()] + [
         gzip.decompress(p.read_bytes()) for p in (journal / "raw").iterdir()]
     assert key_runs(REAL_KEY, files) == []
+
+
+def test_a_call_in_flight_when_the_proxy_container_is_killed_is_journaled_at_teardown(
+        base_image, proxy_image, client, run_id, upstream, tmp_path):
+    """`docker kill` of the proxy under a call: the addon never writes that call's line; the
+    sandbox's teardown journals it from the marker the addon left, so the journal counts every
+    call the upstream got."""
+    os.environ[KEY_ENV] = REAL_KEY
+    journal = tmp_path / "journal"
+    spec = SandboxSpec(base_image, run_id, "cell-killed-proxy", proxy=ProxySpec(
+        proxy_image, journal, f"http://host.docker.internal:{upstream['port']}/v1", key_env=KEY_ENV))
+    box = DockerSandbox(spec, client).start()
+    try:
+        write_slot(journal / "slot.json", 3, "before")
+        box.exec(["sh", "-c", "nohup python3 -c \"import json, urllib.request; urllib.request.urlopen("
+                  "urllib.request.Request('http://proxy:8081/v1/chat/completions', data=json.dumps("
+                  "{'model': 'hang', 'messages': []}).encode(), headers={'content-type': "
+                  "'application/json'}), timeout=60)\" >/dev/null 2>&1 &"])
+        deadline = time.monotonic() + 30
+        while not list((journal / "in-flight").glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the call has passed the proxy and waits on the upstream
+        assert list((journal / "in-flight").glob("*.json"))
+        box.proxy_container.kill()
+        assert [e for e in read_journal(journal) if e.model == "hang"] == []
+    finally:
+        box.teardown()
+        os.environ.pop(KEY_ENV, None)
+    lost = [e for e in read_journal(journal) if e.model == "hang"]
+    assert len(lost) == 1 and lost[0].slot == 3 and "in flight" in lost[0].error
+    assert REAL_KEY not in (journal / "journal.jsonl").read_text()
 
 
 def test_the_sandbox_trusts_the_proxy_ca_through_every_ca_variable(cell):
