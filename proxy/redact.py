@@ -49,6 +49,16 @@ class KeyMask:
         self.run = min(run, len(key))
         self.grams = sorted({key[i:i + self.run] for i in range(len(key) - self.run + 1)})
         self.byte_grams = [g.encode() for g in self.grams]
+        # Every run holds one of these shorter pieces (one starts in every `step` positions of
+        # the key): text without any of them is passed over with a few searches, not one per gram.
+        size = max(1, self.run // 2)
+        step = self.run - size + 1
+        self.anchors = sorted({key[j:j + size] for j in range(0, len(key) - size + 1, step)})
+        self.byte_anchors = [a.encode() for a in self.anchors]
+        # for each character, the lengths of the key's beginnings that end in it (risky_tail)
+        self.prefix_ends: dict[str, list[int]] = {}
+        for length in range(len(key) - 1, 0, -1):
+            self.prefix_ends.setdefault(key[length - 1], []).append(length)
 
     def mask(self, length: int) -> str:
         """What stands for `length` characters of the key: REDACTED cut or padded to it."""
@@ -66,6 +76,8 @@ class KeyMask:
         return merge(marks)
 
     def _plain_spans(self, text: str) -> list[tuple[int, int]]:
+        if len(text) < self.run or not any(anchor in text for anchor in self.anchors):
+            return []
         marks: list[tuple[int, int]] = []
         for gram in self.grams:
             at = text.find(gram)
@@ -93,9 +105,16 @@ class KeyMask:
         return risky
 
     def _plain_risky(self, text: str) -> int:
-        for length in range(min(len(self.key) - 1, len(text)), 0, -1):
-            piece = text[-length:]
-            if self.key.startswith(piece) or (HOLD_INSIDE <= length < self.run and piece in self.key):
+        if not text:
+            return 0
+        for length in self.prefix_ends.get(text[-1], ()):  # longest first
+            if length <= len(text) and text.endswith(self.key[:length]):
+                return max(length, self._inside_risky(text))
+        return self._inside_risky(text)
+
+    def _inside_risky(self, text: str) -> int:
+        for length in range(min(self.run - 1, len(text)), HOLD_INSIDE - 1, -1):
+            if text[-length:] in self.key:
                 return length
         return 0
 
@@ -108,7 +127,7 @@ class KeyMask:
 
     def bytes(self, data: bytes) -> bytes:
         """`text` on bytes, without decoding them (headers, raw journal files)."""
-        if not any(gram in data for gram in self.byte_grams):
+        if len(data) < self.run or not any(anchor in data for anchor in self.byte_anchors):
             return data
         marks: list[tuple[int, int]] = []
         for gram in self.byte_grams:
@@ -238,8 +257,8 @@ def redact_body(mask: KeyMask, content: bytes, event_stream: bool) -> bytes:
     else:
         value, changed = mask.json(value)
         out = json.dumps(value, ensure_ascii=False) if changed else text
-    if mask.shows(out if value is None else json.dumps(value, ensure_ascii=False)):
-        raise KeyLeak("the body shows the API key in an escaped form that could not be masked")
+    if ("%" in out or "&" in out) and mask.shows(out):
+        raise KeyLeak("the body shows the API key in an encoded form that could not be masked")
     return out.encode("utf-8", errors="surrogateescape")
 
 
@@ -414,7 +433,12 @@ class StreamRedactor:
     def _mask(self, channel: _Channel) -> None:
         """Mask the runs of the key that reach the held part of the channel (escaped forms
         included, which may be six characters a character)."""
-        origin = max(channel.base, channel.released - 6 * len(self.mask.key))
+        # a run reaching the held part starts at most a key's length before it; an escaped one,
+        # six characters a character
+        back = len(self.mask.key)
+        if "\\" in channel.since(channel.released - 6 * back):
+            back *= 6
+        origin = max(channel.base, channel.released - back)
         leaves = [leaf for event in self.held for leaf in event.leaves if leaf.channel is channel]
         for start, end in self.mask.spans(channel.since(origin)):
             start, end = start + origin, end + origin
@@ -429,8 +453,8 @@ class StreamRedactor:
                                  + leaf.text[high - leaf.start:])
                     leaf.put(leaf.text)
                     self._dirty(leaf)
-        shown = self.mask.text(channel.since(origin))
-        if ("%" in shown or "&" in shown) and self.mask.shows(shown):
+        window = channel.since(origin)
+        if ("%" in window or "&" in window) and self.mask.shows(self.mask.text(window)):
             self.withheld = f"the API key shows encoded in the stream's {describe(channel.name)}"
 
     def _dirty(self, leaf: _Leaf) -> None:
