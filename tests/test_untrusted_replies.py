@@ -97,6 +97,20 @@ def test_echoed_values_are_json_and_capped_at_200_characters():
     assert isinstance(parse_action('{"action": "submit", "grid": [[Infinity]]}'), Malformed)
 
 
+def test_an_out_of_range_cell_of_4300_digits_is_echoed_capped():
+    """The cell-range message once echoed the integer whole: 4,346 characters for 4,300 digits."""
+    out = parse_action('{"action": "submit", "grid": [[1, ' + "9" * 4300 + "]]}")
+    assert isinstance(out, Malformed) and len(out.reason) < 400, len(out.reason)
+    assert out.reason.startswith("cell [0][1] is 9999") and "…" in out.reason
+
+
+def test_a_null_grid_or_row_reads_got_null_once():
+    assert parse_action('{"action": "submit", "grid": null}').reason == \
+        "grid must be an array of rows, got null"
+    assert parse_action('{"action": "submit", "grid": [null]}').reason == \
+        "row 0 must be an array of cells, got null"
+
+
 # --- the malformed cap is told truthfully ------------------------------------------------------
 
 def test_the_reply_that_reaches_the_malformed_cap_is_told_the_instance_failed():
