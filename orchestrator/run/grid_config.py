@@ -187,7 +187,8 @@ class SandboxConfig(_Strict):
 
     engine: Literal["docker", "process"] = Field(
         "docker", description="docker: program checks and harnesses in containers; process: "
-                              "program checks in host subprocesses (no Docker needed)")
+                              "program checks in host subprocesses (no Docker needed; refused to a "
+                              "non-root carc when the grid has an API key its programs could read)")
     base: Literal["auto", "registry", "offline"] = Field(
         "auto", description="image base: a registry image, the offline debootstrap rootfs, or "
                             "auto (registry when reachable)")
