@@ -30,6 +30,7 @@ from orchestrator.run.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, 
 from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
 from sandboxes.environment import LeftOut, StateVolume, SNAPSHOT_GZIP_LEVEL, durable_replace
+from sandboxes.snapshot_archive import SnapshotArchive
 
 
 class HostStateDir:
@@ -47,9 +48,20 @@ class HostStateDir:
         pass  # a folder has no processes of its own
 
     def snapshot(self, dest: Path) -> list[LeftOut]:
+        """The folder as `dest`, its sparse files kept sparse (`sandboxes/snapshot_archive.py`)."""
         tmp = dest.with_suffix(".tmp")
         with tarfile.open(tmp, "w:gz", compresslevel=SNAPSHOT_GZIP_LEVEL) as tar:
-            tar.add(self.path, arcname=".")
+            archive = SnapshotArchive(tar, dest.parent)
+            for path in [self.path, *sorted(self.path.rglob("*"))]:
+                name = "." if path == self.path else "./" + path.relative_to(self.path).as_posix()
+                member = tar.gettarinfo(path, name)
+                if member is None:  # a socket: nothing to keep
+                    continue
+                if member.isfile():
+                    with open(path, "rb") as data:
+                        archive.add(member, data)
+                else:
+                    archive.add(member)
         durable_replace(tmp, dest)
         return []  # the ladder's own files: nothing is ever left out
 
