@@ -1,7 +1,9 @@
 """Benchmark: `extract_action` on adversarial replies, to show its time grows linearly.
 
 Prints, per reply shape, the seconds at n, 2n and 4n units and the ratio of each to the one
-before (about 2 when linear; the old regex grew about 4x per doubling on unclosed fences).
+before (about 2 when linear; the old regex grew about 4x per doubling on unclosed fences); then
+the seconds for a reply of 1.6 MB of fenced blocks (past the cap, `MAX_REPLY_CHARS`: refused
+unread) and for the same blocks filling the cap (the most a reply can cost).
 
     python bench/extraction.py [--n 20000]
 """
@@ -18,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from orchestrator.protocol import extract_action  # noqa: E402
+from orchestrator.protocol import MAX_REPLY_CHARS, extract_action  # noqa: E402
 
 SHAPES = {
     "unclosed fences ```{": lambda n: "```{" * n,
@@ -27,6 +29,12 @@ SHAPES = {
     "strings holding braces": lambda n: '{"a":"x{' * n + "}" * n,
     'nested {"action":{': lambda n: '{"action":{' * n + "}" * n,
     "prose then an action": lambda n: "word " * n + '{"action": "request_demos"}',
+}
+
+FENCED_BLOCKS = {
+    "object without action": '```json\n{"note": "' + "x" * 40 + '"}\n```\n',
+    "broken action": '```json\n{"action": "submit", "grid": [[1,]]}\n```\n',
+    "fence opening": "```{",
 }
 
 
@@ -50,6 +58,17 @@ def main() -> None:
         ratios = " / ".join(f"{b / a:.1f}" for a, b in zip(times, times[1:]))
         table.add_row(name, *(f"{t:.3f}" for t in times), ratios)
     Console().print(table)
+    capped = Table(title=f"extract_action: a reply of fenced blocks, past and at the cap ({MAX_REPLY_CHARS:,} characters)")
+    for column in ("block", "characters", "seconds", "outcome"):
+        capped.add_column(column)
+    for name, block in FENCED_BLOCKS.items():
+        for size in (1_600_000, MAX_REPLY_CHARS):
+            text = block * (size // len(block))
+            started = time.perf_counter()
+            out = extract_action(text)
+            capped.add_row(name, f"{len(text):,}", f"{time.perf_counter() - started:.3f}",
+                           getattr(out, "reason", type(out).__name__)[:40])
+    Console(width=140).print(capped)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def _apply_limits(limits: ProgramLimits):
 def local_executor(payload: str, limits: ProgramLimits) -> ExecResult:
     """The driver in a host subprocess with rlimits, an empty environment, and (when carc runs as
     root) the uid of nobody. The process engine is for machines without Docker: a non-root
-    orchestrator's programs share its uid, so keep real keys to the docker engine there."""
+    orchestrator's programs share its uid, so a grid with a real key is refused there
+    (`orchestrator.run.cell_services.host_programs_refusal`)."""
     try:
         proc = subprocess.run([program_python(), "-I", "-S", "-c", DRIVER], input=payload.encode(),
                               capture_output=True, timeout=limits.wall_s, env=PROGRAM_ENV, cwd="/",

@@ -30,7 +30,10 @@ def spell(value: Any, limit: int = SPELL_LIMIT) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except (ValueError, RecursionError):  # an int past Python's 4,300-digit limit for str()
+            text = f"<{json_type(value)} too large to write>"
     if len(text) > limit:
         text = text[:limit] + "…"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -53,20 +56,26 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
+def _got(value: Any) -> str:
+    """What a learner gave instead of an array, for "got ...": `null`, or its JSON type and
+    value (`string "[[1]]"`), capped."""
+    return "null" if value is None else f"{json_type(value)} {spell(value, 40)}"
+
+
 def as_grid(value: Any) -> Grid:
     """Validate a JSON-like value (list of lists of ints) and return it as a `Grid`.
 
     Raises `GridError` naming the first problem: not a list, empty, ragged, bad cell, too big.
     """
     if not isinstance(value, (list, tuple)):
-        raise GridError(f"grid must be an array of rows, got {json_type(value)} {spell(value, 40)}")
+        raise GridError(f"grid must be an array of rows, got {_got(value)}")
     if not 1 <= len(value) <= MAX_SIDE:
         raise GridError(f"grid has {len(value)} rows; it must have 1 to {MAX_SIDE}")
     rows: list[tuple[int, ...]] = []
     width = None
     for r, row in enumerate(value):
         if not isinstance(row, (list, tuple)):
-            raise GridError(f"row {r} must be an array of cells, got {json_type(row)} {spell(row, 40)}")
+            raise GridError(f"row {r} must be an array of cells, got {_got(row)}")
         if width is None:
             width = len(row)
             if not 1 <= width <= MAX_SIDE:
@@ -78,7 +87,7 @@ def as_grid(value: Any) -> Grid:
             if isinstance(cell, bool) or not isinstance(cell, int):
                 raise GridError(f"cell [{r}][{c}] is {spell(cell, 40)}; cells must be integers 0 to 9")
             if cell not in COLOURS:
-                raise GridError(f"cell [{r}][{c}] is {cell}; cells must be integers 0 to 9")
+                raise GridError(f"cell [{r}][{c}] is {spell(cell, 40)}; cells must be integers 0 to 9")
         rows.append(tuple(row))
     return tuple(rows)
 

@@ -42,6 +42,7 @@ from proxy.journal import settle_in_flight
 from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, SandboxEnvironment, SandboxError,
                                   durable_replace)
 from sandboxes.images import docker_client, machine_lock
+from sandboxes.snapshot_archive import SnapshotArchive
 from sandboxes import state_volumes
 from sandboxes.networks import ipv4_subnets
 
@@ -74,7 +75,7 @@ class Limits:
     memory: str = "2g"
     pids: int = 512
     tmp_size: str = "512m"
-    snapshot_bytes: int = 1 << 30  # file content one state snapshot keeps; beyond it files are left out
+    snapshot_bytes: int = 1 << 30  # file data one state snapshot keeps (holes not counted); beyond it files are left out
     snapshot_s: float = 600.0      # time one snapshot may take
     state_bytes: int | None = 4 << 30  # the state volume's quota (None: none, the engine's disk)
 
@@ -496,6 +497,8 @@ class DockerSandbox(SandboxEnvironment):
         `limits.snapshot_bytes` is left out, and a snapshot taking longer than `limits.snapshot_s`
         fails with the reason. Returns what was left out (by the cap, or a path too long for the
         engine to read), for the cell's records; the archive itself holds only the harness's files.
+        A file keeps its holes (`sandboxes/snapshot_archive.py`): the cap counts the data a file
+        stores, not its apparent size, and a restore gives back a sparse file as sparse.
 
         A harness's own processes (a gateway, a daemon) may be writing a database right now:
         they are frozen (SIGSTOP, every uid-1000 process) while the engine reads, so the archive
@@ -542,20 +545,25 @@ class DockerSandbox(SandboxEnvironment):
         try:
             with (tarfile.open(fileobj=source, mode="r|") as archive,
                   tarfile.open(tmp, "w:gz", compresslevel=SNAPSHOT_GZIP_LEVEL) as out):
+                writer = SnapshotArchive(out, dest.parent)
                 for member in archive:
                     member.name = _relative_member(member.name)
                     if member.name is None:
                         continue
                     watched.discard(member.name)
-                    if member.isfile():
-                        if kept + member.size > limits.snapshot_bytes:
-                            left_out.append(LeftOut(member.name, member.size, "over the snapshot cap "
-                                                    f"of {limits.snapshot_bytes} bytes (grid limits.snapshot_mb)"))
-                            continue
-                        kept += member.size
-                        out.addfile(member, archive.extractfile(member))
-                    else:
-                        out.addfile(member)
+                    if not member.isfile():
+                        writer.add(member)
+                        continue
+                    # The cap binds a file's data (the blocks it holds), not its apparent size:
+                    # a sparse file costs the snapshot only what it stores.
+                    stored = writer.add(member, archive.extractfile(member), limits.snapshot_bytes - kept)
+                    if not stored.written:
+                        left_out.append(LeftOut(member.name, stored.data, (
+                            f"its data ({stored.data} bytes; apparent size {stored.apparent}) is over what "
+                            f"is left of the snapshot cap of {limits.snapshot_bytes} bytes of file data "
+                            f"(grid limits.snapshot_mb)")))
+                        continue
+                    kept += stored.data
         except (tarfile.TarError, OSError, TimeoutError, docker.errors.APIError) as exc:
             tmp.unlink(missing_ok=True)
             raise SandboxError(f"{self.name}: snapshot of {self.state_path} failed after "

@@ -57,7 +57,7 @@ class LeftOut:
     cannot read); the runner records these with the instance, so nothing is lost silently."""
 
     path: str  # as in the archive, `./...`
-    size: int | None  # bytes, when known
+    size: int | None  # its data in bytes (a sparse file's holes not counted), when known
     why: str
 
     def line(self) -> str:

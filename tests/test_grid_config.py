@@ -218,3 +218,64 @@ def test_cells_start_longest_first_and_the_order_keeps_every_cell_once(tmp_path)
     assert ordered[4:6] == ["hermes-agent.medium.workstreams.s0", "hermes-agent.low.workstreams.s0"]
     assert ordered[6:] == ["program-library.medium.workstreams.s0", "program-library.low.workstreams.s0",
                            "stateless-floor.medium.workstreams.s0", "stateless-floor.low.workstreams.s0"]
+
+
+# --- sandbox.engine process and the API key --------------------------------------------------
+
+HOST_PROGRAMS = """\
+name: hostkey
+track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
+efforts: [low]
+model: {endpoint: "http://127.0.0.1:9/v1", name: gpt-x, api_key_env: CARC_TEST_HOST_KEY}
+learners: [stateless-floor, program-library]
+sandbox: {engine: process}
+workers: 1
+"""
+SECRET = {"CARC_TEST_HOST_KEY": "sk-real-host"}
+
+
+def test_host_programs_of_a_non_root_carc_are_refused_when_the_grid_has_a_key(tmp_path):
+    """Programs run on the host share a non-root carc's uid and can read its API key from
+    /proc/<carc's pid>/environ: the grid is refused, naming the docker engine and root."""
+    from orchestrator.run.cell_services import host_programs_refusal
+
+    grid = load_grid(write(tmp_path, HOST_PROGRAMS))
+    reason = host_programs_refusal(grid, uid=1000, environ=SECRET)
+    assert reason is not None
+    assert "program-library" in reason and "$CARC_TEST_HOST_KEY" in reason and "/proc/" in reason
+    assert "sandbox.engine: docker" in reason and "run carc as root" in reason
+
+
+@pytest.mark.parametrize("change, uid, environ", [
+    ({}, 0, SECRET),                                            # root: programs run as nobody
+    ({"sandbox: {engine: process}": "sandbox: {engine: docker}"}, 1000, SECRET),
+    ({'endpoint: "http://127.0.0.1:9/v1", ': ""}, 1000, SECRET),  # the embedded model: no key
+    ({}, 1000, {}),                                             # the key variable is not set
+    ({"api_key_env: CARC_TEST_HOST_KEY": 'api_key_env: ""'}, 1000, SECRET),
+    ({"stateless-floor, program-library": "stateless-floor"}, 1000, SECRET),  # no host programs
+])
+def test_host_programs_run_when_nothing_secret_is_within_their_reach(tmp_path, change, uid, environ):
+    from orchestrator.run.cell_services import host_programs_refusal
+
+    text = HOST_PROGRAMS
+    for old, new in change.items():
+        text = text.replace(old, new)
+    assert host_programs_refusal(load_grid(write(tmp_path, text)), uid=uid, environ=environ) is None
+
+
+def test_a_run_of_such_a_grid_stops_before_any_cell_starts(tmp_path, monkeypatch):
+    """The refusal comes at run start (and again where a cell picks its program executor, for a
+    Ray node running as another user), before a model server, a proxy or a cell folder."""
+    import orchestrator.run.cell_services as cell_services
+    from orchestrator.run.grid_run import execute, open_run
+
+    monkeypatch.setattr(cell_services, "carc_uid", lambda: 1000)  # the seam: carc as uid 1000
+    monkeypatch.setenv("CARC_TEST_HOST_KEY", "sk-real-host")
+    run = open_run(write(tmp_path, HOST_PROGRAMS), tmp_path / "runs", "hostkey")
+    with pytest.raises(cell_services.HostProgramsRefused, match="use sandbox.engine: docker"):
+        execute(run, show_progress=False)
+    assert list((run / "cells").iterdir()) == []
+    grid = load_grid(run / "grid.yaml")
+    with pytest.raises(cell_services.HostProgramsRefused):  # a cell started some other way
+        with cell_services.cell_services(grid, grid.cells()[0], run / "cells" / "c", "http://127.0.0.1:9/v1"):
+            pass

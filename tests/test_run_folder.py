@@ -192,3 +192,32 @@ def test_a_snapshot_is_fsynced_before_it_is_put_in_place_and_its_folder_after(tm
     state.snapshot(tmp_path / "snap.tar.gz")
     assert order == ["fsync", "replace", "fsync"]
     assert synced == [str(tmp_path / "snap.tar.tmp"), str(tmp_path)]
+
+
+def test_a_sparse_file_of_a_host_state_comes_back_sparse(tmp_path):
+    """A 1 GiB file holding 10 KB (`truncate -s 1G`, one write) was packed as 1 GiB of zeros and
+    came back as 1 GiB of real blocks; its holes are kept (`sandboxes/snapshot_archive.py`)."""
+    import os
+
+    from orchestrator.run.cell_services import HostStateDir
+
+    state = HostStateDir(tmp_path / "state")
+    sparse = state.path / "db" / "sparse.bin"
+    sparse.parent.mkdir()
+    with open(sparse, "wb") as out:
+        out.truncate(1 << 30)
+        out.seek(5 << 20)
+        out.write(b"x" * 10_000)
+    if os.stat(sparse).st_blocks * 512 > 1 << 20:
+        pytest.skip(f"{tmp_path}'s filesystem does not keep files sparse")
+    (state.path / "notes.txt").write_text("kept")
+    snap = tmp_path / "snap.tar.gz"
+    state.snapshot(snap)
+    assert snap.stat().st_size < 64 << 10
+    state.restore(snap)
+    restored = os.stat(sparse)
+    assert restored.st_size == 1 << 30 and restored.st_blocks * 512 <= 64 << 10
+    with open(sparse, "rb") as back:
+        back.seek((5 << 20) - 1)
+        assert back.read(10_002) == b"\0" + b"x" * 10_000 + b"\0"
+    assert (state.path / "notes.txt").read_text() == "kept"

@@ -241,8 +241,9 @@ def test_hostile_state_is_snapshotted_capped_wiped_and_restored_without_followin
     assert members["./pw"].issym() and members["./escape"].issym()  # kept as links, never followed
     assert members["./fifo"].isfifo()
     assert "./bad-\udcff\udcfe.txt" in members  # tarfile's surrogateescape of the raw bytes
-    assert "./sparse" not in members  # past the 64 MiB cap, and said so
-    assert [(e.path, e.size) for e in left_out] == [("./sparse", 1 << 30)] and "limits.snapshot_mb" in left_out[0].why
+    # 1 GiB that holds no data: kept as a hole (the cap counts stored data, not apparent size)
+    assert members["./sparse"].size == 1 << 30 and members["./sparse"].sparse == [(1 << 30, 0)]
+    assert left_out == []
     assert members["./random"].size == 2_000_000
     assert dest.stat().st_size < 8 << 20
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["00000.tar.gz", "cells", "snapshots"]
@@ -252,6 +253,42 @@ def test_hostile_state_is_snapshotted_capped_wiped_and_restored_without_followin
     listing = hostile.exec(["sh", "-c", "cd /state && stat -c '%n %a %F' u/locked ro rootlink fifo"]).text()
     assert "u/locked 0 regular" in listing and "ro 555 directory" in listing
     assert "rootlink 777 symbolic link" in listing and "fifo 644 fifo" in listing
+    assert hostile.exec(["stat", "-c", "%s %b", "/state/sparse"]).text().split() == [str(1 << 30), "0"]
+
+
+def test_a_sparse_file_stays_sparse_and_the_snapshot_cap_binds_the_data_it_stores(base_image, client, run_id,
+                                                                                  tmp_path):
+    """`truncate -s 1G` in a state came back as 1 GiB of real blocks (snapshot 20 s, restore 22 s
+    per instance). Its holes are kept through snapshot and restore; `limits.snapshot_bytes`
+    (here 1 MiB) counts the data a file stores: the 1 GiB file holding 4 KiB is kept, 2 MB of
+    random data is not, and the left-out line says which size it meant."""
+    box = DockerSandbox(SandboxSpec(base_image, run_id, "cell-sparse",
+                                    limits=Limits(cpus=0.5, memory="256m", pids=64, snapshot_bytes=1 << 20)),
+                        client).start()
+    try:
+        made = box.exec(["sh", "-c", "cd /state && truncate -s 1G sparse && printf data | dd of=sparse bs=1 "
+                                     "seek=5242880 conv=notrunc 2>/dev/null && head -c 2000000 /dev/urandom > random"])
+        assert made.ok, made.stderr
+        dest = tmp_path / "00000.tar.gz"
+        left_out = box.snapshot(dest)
+        assert [(e.path, e.size) for e in left_out] == [("./random", 2_000_000)]
+        assert "its data (2000000 bytes; apparent size 2000000)" in left_out[0].why
+        assert "1048576 bytes of file data (grid limits.snapshot_mb)" in left_out[0].why
+        assert dest.stat().st_size < 64 << 10
+        with tarfile.open(dest) as archive:
+            member = archive.getmember("./sparse")
+            assert member.size == 1 << 30 and member.sparse == [(5 << 20, 4096), (1 << 30, 0)]
+            data = archive.extractfile(member)
+            data.seek((5 << 20) - 2)
+            assert data.read(8) == b"\0\0data\0\0"
+        box.restore(dest)
+        size, blocks = box.exec(["stat", "-c", "%s %b", "/state/sparse"]).text().split()
+        assert int(size) == 1 << 30 and int(blocks) * 512 <= 64 << 10  # not 1 GiB of real blocks
+        read = box.exec(["sh", "-c", "dd if=/state/sparse bs=1 skip=5242878 count=8 2>/dev/null | od -An -c"])
+        assert read.text().split() == ["\\0", "\\0", "d", "a", "t", "a", "\\0", "\\0"]
+        assert box.exec(["ls", "-A", "/state"]).text().split() == ["sparse"]
+    finally:
+        box.teardown()
 
 
 def test_a_tree_deeper_than_path_max_is_named_as_left_out_and_the_rest_kept_and_restored(hostile, tmp_path):

@@ -97,6 +97,45 @@ def test_echoed_values_are_json_and_capped_at_200_characters():
     assert isinstance(parse_action('{"action": "submit", "grid": [[Infinity]]}'), Malformed)
 
 
+FENCED_ACTION = '```json\n{"action": "request_demos"}\n```\n'
+
+
+def test_a_reply_past_1_mib_is_malformed_unread_free_and_says_its_size(monkeypatch):
+    """A 1.6 MB reply of fenced blocks took 3.6-13.8 s to search on a loaded machine (bench/
+    extraction.py measures it); past the cap it is refused before any of it is read, on the grid
+    tracks and on arc3 (whose extraction is the same function)."""
+    from orchestrator.arc3 import extract_arc3_action
+
+    at_cap = FENCED_ACTION * (protocol_module.MAX_REPLY_CHARS // len(FENCED_ACTION))
+    assert extract_action(at_cap) == Action("request_demos")  # up to the cap it is read as before
+    past = FENCED_ACTION * 40_000
+    assert len(past) == 1_600_000
+    decoded = []
+    monkeypatch.setattr(protocol_module, "_decode", lambda text: decoded.append(len(text)))
+    for extract in (extract_action, extract_arc3_action):
+        out = extract(past)
+        assert isinstance(out, Malformed), out
+        assert "1,600,000 characters" in out.reason and "1,048,576" in out.reason, out.reason
+    assert decoded == []
+    p = InstanceProtocol(instance(), Limits())
+    p.step(extract_action(past))
+    assert (p.cost, p.malformed, p.status) == (0, 1, Status.OPEN)
+
+
+def test_an_out_of_range_cell_of_4300_digits_is_echoed_capped():
+    """The cell-range message once echoed the integer whole: 4,346 characters for 4,300 digits."""
+    out = parse_action('{"action": "submit", "grid": [[1, ' + "9" * 4300 + "]]}")
+    assert isinstance(out, Malformed) and len(out.reason) < 400, len(out.reason)
+    assert out.reason.startswith("cell [0][1] is 9999") and "…" in out.reason
+
+
+def test_a_null_grid_or_row_reads_got_null_once():
+    assert parse_action('{"action": "submit", "grid": null}').reason == \
+        "grid must be an array of rows, got null"
+    assert parse_action('{"action": "submit", "grid": [null]}').reason == \
+        "row 0 must be an array of cells, got null"
+
+
 # --- the malformed cap is told truthfully ------------------------------------------------------
 
 def test_the_reply_that_reaches_the_malformed_cap_is_told_the_instance_failed():

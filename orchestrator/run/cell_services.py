@@ -9,13 +9,14 @@ Docker container with no network (`sandbox.engine: docker`) or a host subprocess
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 from urllib.parse import urlsplit
 
 from harness_adapters import registry
@@ -25,10 +26,11 @@ from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, loc
 from orchestrator.prompts import PromptSet
 from orchestrator.records import CellPaths, SandboxRecord
 from orchestrator.rows import row
-from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, run_prices
+from orchestrator.run.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, run_prices
 from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
 from sandboxes.environment import LeftOut, StateVolume, SNAPSHOT_GZIP_LEVEL, durable_replace
+from sandboxes.snapshot_archive import SnapshotArchive
 
 
 class HostStateDir:
@@ -46,9 +48,20 @@ class HostStateDir:
         pass  # a folder has no processes of its own
 
     def snapshot(self, dest: Path) -> list[LeftOut]:
+        """The folder as `dest`, its sparse files kept sparse (`sandboxes/snapshot_archive.py`)."""
         tmp = dest.with_suffix(".tmp")
         with tarfile.open(tmp, "w:gz", compresslevel=SNAPSHOT_GZIP_LEVEL) as tar:
-            tar.add(self.path, arcname=".")
+            archive = SnapshotArchive(tar, dest.parent)
+            for path in [self.path, *sorted(self.path.rglob("*"))]:
+                name = "." if path == self.path else "./" + path.relative_to(self.path).as_posix()
+                member = tar.gettarinfo(path, name)
+                if member is None:  # a socket: nothing to keep
+                    continue
+                if member.isfile():
+                    with open(path, "rb") as data:
+                        archive.add(member, data)
+                else:
+                    archive.add(member)
         durable_replace(tmp, dest)
         return []  # the ladder's own files: nothing is ever left out
 
@@ -103,6 +116,45 @@ class CellServices:
             self.proxy.set_slot(slot, phase)
 
 
+class HostProgramsRefused(ValueError):
+    """A grid whose model-written programs would run as host processes able to read the API key."""
+
+
+def carc_uid() -> int:
+    """The uid carc runs as, which host programs share unless it is root (a seam for tests)."""
+    return os.geteuid()
+
+
+def host_programs_refusal(grid: GridConfig, uid: int | None = None,
+                          environ: Mapping[str, str] | None = None) -> str | None:
+    """Why this grid must not run here, or None: with `sandbox.engine: process` a learner's
+    model-written programs run as host processes, as nobody when carc is root, else with carc's
+    own uid, and then they can read carc's environment, the API key among it, from
+    /proc/<carc's pid>/environ. Refused when such a learner is in the grid, carc is not root and
+    the grid has a secret: a model endpoint other than the embedded one with its key variable set."""
+    if grid.sandbox.engine != "process":
+        return None
+    runners = sorted({e.learner for e in grid.learners
+                      if e.learner not in HARNESSES and registry.learner_class(e.learner).runs_programs})
+    uid = carc_uid() if uid is None else uid
+    key_env = grid.model.api_key_env
+    secret = grid.model.endpoint != EMBEDDED and bool(key_env) and \
+        bool((os.environ if environ is None else environ).get(key_env))
+    if not runners or uid == 0 or not secret:
+        return None
+    return (f"sandbox.engine process runs {', '.join(runners)}'s model-written programs as host processes "
+            f"with carc's own uid ({uid}), which can read the API key in ${key_env} from "
+            f"/proc/<carc's pid>/environ: use sandbox.engine: docker (the default), or run carc as root "
+            f"(host programs then run as nobody)")
+
+
+def refuse_host_programs(grid: GridConfig) -> None:
+    """Raise HostProgramsRefused when `host_programs_refusal` finds a reason (at run and cell start)."""
+    reason = host_programs_refusal(grid)
+    if reason is not None:
+        raise HostProgramsRefused(reason)
+
+
 def sandbox_limits(grid: GridConfig):
     """A cell's container limits, from the grid's `sandbox` and `limits` sections."""
     from sandboxes.docker_sandbox import Limits
@@ -133,6 +185,7 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
         with harness_services(grid, cell, cell_dir, upstream) as services:
             yield services
         return
+    refuse_host_programs(grid)  # a Ray node may run as another user than the run's start
     with ExitStack() as stack:
         # The program sandbox starts (in a thread: engine calls only) while the proxy does.
         starting = None

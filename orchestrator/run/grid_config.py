@@ -168,8 +168,10 @@ class LearnerEntry(_Strict):
 class LimitsConfig(_Strict):
     max_malformed: int = Field(20, ge=1)
     wall_clock_s: float = Field(900.0, gt=0)
-    snapshot_mb: int = Field(1024, ge=1, description="file content one state snapshot keeps (MiB); "
-                             "files past it are left out and named in the instance_end event")
+    snapshot_mb: int = Field(1024, ge=1, description="file data one state snapshot keeps (MiB): the "
+                             "bytes files store, holes not counted (a sparse file costs its data, not "
+                             "its apparent size); files past it are left out and named in the "
+                             "instance_end event")
     snapshot_s: float = Field(600.0, gt=0, description="time one state snapshot may take")
     state_mb: int | None = Field(4096, ge=16, description="a harness's state volume quota (MiB): "
                                  "writing past it fails with ENOSPC in the sandbox; null: no quota")
@@ -187,7 +189,8 @@ class SandboxConfig(_Strict):
 
     engine: Literal["docker", "process"] = Field(
         "docker", description="docker: program checks and harnesses in containers; process: "
-                              "program checks in host subprocesses (no Docker needed)")
+                              "program checks in host subprocesses (no Docker needed; refused to a "
+                              "non-root carc when the grid has an API key its programs could read)")
     base: Literal["auto", "registry", "offline"] = Field(
         "auto", description="image base: a registry image, the offline debootstrap rootfs, or "
                             "auto (registry when reachable)")

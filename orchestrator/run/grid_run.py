@@ -28,6 +28,7 @@ from harness_adapters import registry
 from orchestrator.records import RunPaths
 from orchestrator.rows import STATELESS_ROWS
 from proxy.host import die_with_parent, free_port
+from orchestrator.run.cell_services import refuse_host_programs
 from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid, run_prices,
                                          write_run_grid)
 
@@ -247,6 +248,7 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
     if grid.collective is not None:
         raise ValueError(f"{run_dir}: a collective grid runs its users in rounds: "
                          "orchestrator.run.collective.runner.execute_collective (carc grid run does)")
+    refuse_host_programs(grid)
     cells = grid.cells()
     run_prices(run_dir)  # before any worker: they only read it
     docker_used = needs_docker(grid)

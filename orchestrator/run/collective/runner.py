@@ -47,7 +47,7 @@ from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPat
                                   read_events, truncate_torn_tail, write_json)
 from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
-from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, sandbox_limits
+from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, refuse_host_programs, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
 from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
 from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault
@@ -333,6 +333,7 @@ def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
     and program checks."""
     from proxy.host import HostProxy
 
+    refuse_host_programs(grid)  # a Ray node may run as another user than the run's start
     with ExitStack() as stack:
         proxy = None
         base_url = upstream
@@ -379,6 +380,7 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
     run_dir = Path(run_dir)
     grid = load_grid(run_grid_path(run_dir))
     assert grid.collective is not None, f"{run_dir}: not a collective grid"
+    refuse_host_programs(grid)
     cells = grid.cells()
     run_prices(run_dir)
     docker = needs_docker(grid)  # harness rows' sandboxes, the program library's checks
