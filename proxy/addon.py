@@ -53,6 +53,7 @@ from proxy.sse import api_of, reassemble, usage_of  # noqa: E402
 logger = logging.getLogger("carc.proxy")
 
 JOURNALED = "carc_journaled"  # flow.metadata key: the flow has its line
+_UNREAD = object()
 
 
 class _Call:
@@ -75,6 +76,7 @@ class _Call:
         self.redactor: StreamRedactor | None = None
         self.event_stream = False  # an SSE answer, streamed or (compressed) read whole
         self.withheld: str | None = None  # why (part of) the answer was kept from the client
+        self.request_obj: Any = _UNREAD  # the parsed request body, once read (it is read once)
 
     def tee(self, data: bytes) -> bytes | list[bytes]:
         """flow.response.stream callable: pass every chunk on at once, keep a copy. With a real
@@ -392,9 +394,17 @@ class Journal:
         """Mark the call in flight before it goes upstream: were this proxy killed before its
         line, the journal's next writer journals it (JournalWriter.begin), priced at most as its
         request could cost, so no spend meter under-counts a call the upstream may bill."""
-        entry = self._entry(flow, call, None)
-        entry.request = None  # the marker stays small; the body is journaled with the line
         size = len(flow.request.raw_content or b"")
+        call.request_obj = json_of(flow.request.get_content(strict=False) if size else b"")
+        asked = call.request_obj.get("model") if isinstance(call.request_obj, dict) else None
+        entry = JournalEntry(
+            id=flow.id, cell=ctx.options.carc_cell, slot=call.slot, phase=call.phase, user=call.user,
+            mode=mode_of(flow), method=flow.request.method, url=safe_url(flow.request),
+            host=flow.request.host, api=api_of(flow.request.path),
+            model=asked if isinstance(asked, str) else None,
+            stream=isinstance(call.request_obj, dict) and call.request_obj.get("stream") is True,
+            status=None, refused=False, request=None, response=None, t_start=call.t_start,
+            t_first_byte=None, t_end=call.t_start, latency_s=0.0)
         if self.prices is not None:
             entry.cost_usd = self.prices.cost(entry.model, -(-size // BYTES_PER_TOKEN_AT_LEAST), 0)
         entry.error = (f"; cost_usd is an upper bound of the prompt alone: the request's {size} bytes "
@@ -454,7 +464,8 @@ class Journal:
     def _entry(self, flow: http.HTTPFlow, call: _Call, error: str | None) -> JournalEntry:
         request = flow.request
         api = api_of(request.path)
-        request_obj = json_of(request.get_content(strict=False) if request.raw_content else b"")
+        request_obj = call.request_obj if call.request_obj is not _UNREAD else json_of(
+            request.get_content(strict=False) if request.raw_content else b"")
         response_obj, problems = self._response_of(flow, call, api)
         problems = ([error] if error else []) + ([call.refused] if call.refused else []) + problems
         if call.withheld:

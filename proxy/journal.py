@@ -14,9 +14,10 @@ Layout of a journal directory:
                              in reverse mode the Host header already names the upstream)
     raw/<id>.resp.gz         the response as the client received it (HTTP/1 form, de-chunked)
     proxy.ready              {"pid", "listen", "t"}: the addon is loaded and the proxy listens
-    in-flight/<id>.json      a call forwarded upstream whose line is not written yet (its entry as
-                             far as known); a proxy killed mid-call leaves it, and the next writer
-                             of the journal (a restarted proxy, or the host at teardown:
+    in-flight.jsonl          a `begin` line (the entry as far as known) for each call forwarded
+                             upstream and an `end` line once its journal line is written; a proxy
+                             killed mid-call leaves a begin without an end, and the next writer of
+                             the journal (a restarted proxy, or the host at teardown:
                              `settle_in_flight`) journals it as an error line, so the journal
                              counts every call the upstream may have billed
 
@@ -44,7 +45,8 @@ Api = Literal["openai-chat", "openai-responses", "anthropic-messages", "other"]
 JOURNAL_FILE = "journal.jsonl"
 RAW_DIR = "raw"
 READY_FILE = "proxy.ready"  # written by the addon once it is loaded and the proxy listens
-IN_FLIGHT_DIR = "in-flight"
+IN_FLIGHT_FILE = "in-flight.jsonl"
+IN_FLIGHT_COMPACT_BYTES = 1 << 20
 # The size of a call's request over this is its prompt tokens' upper bound, for pricing a call
 # whose answer was never seen (a token is rarely under 3 bytes of JSON).
 BYTES_PER_TOKEN_AT_LEAST = 3
@@ -169,47 +171,61 @@ class JournalWriter:
         self.path = self.directory / JOURNAL_FILE
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _cut_torn_tail(self._fd, self.path)
-        self.in_flight = self.directory / IN_FLIGHT_DIR
-        self.in_flight.mkdir(exist_ok=True)
+        self.in_flight_path = self.directory / IN_FLIGHT_FILE
         self.abandoned = self._settle_abandoned()
+        self._in_flight_fd = os.open(self.in_flight_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._open_calls: set[str] = set()
 
     def begin(self, entry: JournalEntry) -> None:
-        """Mark a call as in flight (its entry as known when it went upstream) until `settled`."""
-        path = self.in_flight / f"{entry.id}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(entry.to_json(), encoding="utf-8")
-        os.replace(tmp, path)
+        """Mark a call as in flight (its entry as known when it went upstream) until `settled`:
+        one appended line, not synced (it has to outlive the proxy's process, not the machine)."""
+        os.write(self._in_flight_fd, ('{"begin":' + entry.to_json() + "}\n").encode())
+        self._open_calls.add(entry.id)
 
     def settled(self, entry_id: str) -> None:
-        """The call's line is written: it is no longer in flight."""
-        try:
-            os.unlink(self.in_flight / f"{entry_id}.json")
-        except FileNotFoundError:
-            pass
+        """The call's line is written: it is no longer in flight. With none in flight, a grown
+        marker file is emptied (a row proxy makes millions of calls)."""
+        if entry_id not in self._open_calls:
+            return
+        self._open_calls.discard(entry_id)
+        os.write(self._in_flight_fd, ('{"end":' + json.dumps(entry_id) + "}\n").encode())
+        if not self._open_calls and os.fstat(self._in_flight_fd).st_size > IN_FLIGHT_COMPACT_BYTES:
+            os.ftruncate(self._in_flight_fd, 0)
 
     def _settle_abandoned(self) -> int:
         """Journal the calls a previous proxy of this journal left in flight (it was killed):
         an error line each, priced at most as their request could cost; returns how many."""
-        markers = sorted(self.in_flight.glob("*.json"))
-        if not markers:
+        try:
+            text = self.in_flight_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
             return 0
-        written = {e.id for e in read_journal(self.path)}
-        now = time.time()
-        for marker in markers:
+        begun: dict[str, JournalEntry] = {}
+        ended: set[str] = set()
+        for line in text.splitlines():
             try:
-                entry = JournalEntry.from_json(marker.read_text(encoding="utf-8"))
-            except (OSError, ValueError, TypeError):
-                marker.unlink(missing_ok=True)  # a marker torn by the kill: its call is unknown
-                continue
-            if entry.id not in written:
+                mark = json.loads(line)
+                if "begin" in mark:
+                    entry = JournalEntry.from_json(json.dumps(mark["begin"]))
+                    begun[entry.id] = entry
+                else:
+                    ended.add(mark["end"])
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a line torn by the kill
+        left = [entry for id_, entry in begun.items() if id_ not in ended]
+        if left:
+            written = {e.id for e in read_journal(self.path)}
+            now = time.time()
+            for entry in left:
+                if entry.id in written:  # killed between its line and its end mark
+                    continue
                 entry.t_end, entry.latency_s = now, now - entry.t_start
                 entry.error = ("the proxy stopped while this call was in flight (killed, or its "
                                "container died): no answer was journaled; found "
                                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))} when the "
                                "journal was next opened" + (entry.error or ""))
                 self.write(entry)
-            marker.unlink(missing_ok=True)
-        return len(markers)
+        os.truncate(self.in_flight_path, 0)
+        return len(left)
 
     def write(self, entry: JournalEntry) -> None:
         self.write_line(entry.to_json())
@@ -239,13 +255,15 @@ class JournalWriter:
 
     def close(self) -> None:
         os.close(self._fd)
+        os.close(self._in_flight_fd)
 
 
 def settle_in_flight(directory: str | os.PathLike[str]) -> int:
     """After a journal's proxy stopped for good (teardown): journal the calls it left in flight.
     Never while a proxy still writes the journal. Returns how many were found."""
     directory = Path(directory)
-    if not (directory / IN_FLIGHT_DIR).is_dir() or not any((directory / IN_FLIGHT_DIR).glob("*.json")):
+    marks = directory / IN_FLIGHT_FILE
+    if not marks.is_file() or marks.stat().st_size == 0:
         return 0
     writer = JournalWriter(directory)
     writer.close()

@@ -825,6 +825,6 @@ def test_a_call_in_flight_when_the_proxy_is_killed_is_journaled_at_teardown_and_
         size = len(json.dumps({"model": "hang", "stream": True, "messages": [{"content": mark}]},
                               separators=(",", ":")))
         assert entry.cost_usd == pytest.approx(-(-size // 3) / 1e6) and "upper bound" in entry.error
-        assert not list((journal / "in-flight").glob("*.json"))
+        assert (journal / "in-flight.jsonl").stat().st_size == 0
     HostProxy(journal, cell="cell-k", upstream=upstream.url, confdir=tmp_path / "conf").stop()
     assert len([e for e in read_journal(journal) if "in flight" in (e.error or "")]) == 2  # not again
