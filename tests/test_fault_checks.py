@@ -237,3 +237,24 @@ def test_each_harness_declares_how_it_tells_of_a_lost_connection(harness, text):
     adapter = registry.adapter(harness)
     assert adapter.reports_lost_connection(text)
     assert not adapter.reports_lost_connection('{"action": "submit", "grid": [[1, 2], [3, 4]]}')
+
+
+def test_every_reader_of_the_records_leaves_a_superseded_attempt_out(tmp_path, monkeypatch, clean):
+    """The malformed replies of an attempt an infrastructure fault superseded are not the
+    learner's: the conformance check counts none, the inspector dates the instance from its
+    rerun, the collective trainer's and the planner's readers go through the same `standing`."""
+    from orchestrator.run.conformance import ConformanceCell, check_instances
+    from stores_inspector.cell import _instances
+    from stores_inspector.reading import Problems
+
+    grid, cell, cell_dir = setup(tmp_path / "faulted", monkeypatch, Proxy(dies_at=5))
+    monkeypatch.setattr(ScriptedHarness, "act", _wordless_when_dead(ScriptedHarness.act))
+    CellRunner(grid, cell, cell_dir, "http://127.0.0.1:9/v1").run()
+    events = read_events(CellPaths(cell_dir).events)
+    [fault] = [e for e in events if e.type == "infrastructure_fault"]
+    assert sum(e.type == "step" and e.outcome == "malformed" for e in events) == 1  # kept, superseded
+    check = check_instances({"cell": ConformanceCell.load(cell_dir)}, 3)
+    assert check.ok and "0 malformed replies" in check.reason, check.reason
+    instance = _instances(cell_dir, Problems("cell"))[fault.slot]
+    assert instance.start_t > fault.t and instance.first_action_t > fault.t
+    assert (instance.status, instance.cost) == ("solved", 2)
