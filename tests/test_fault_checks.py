@@ -258,3 +258,75 @@ def test_every_reader_of_the_records_leaves_a_superseded_attempt_out(tmp_path, m
     instance = _instances(cell_dir, Problems("cell"))[fault.slot]
     assert instance.start_t > fault.t and instance.first_action_t > fault.t
     assert (instance.status, instance.cost) == ("solved", 2)
+
+
+ARC3_GRID = """\
+name: arc3-fake-proxy
+seed: 3
+track: {name: arc3, environments_dir: games, visits: 3}
+orders: [sequential]
+efforts: [low]
+learners: [hermes-agent]
+model: {endpoint: "http://127.0.0.1:9/v1", name: fake}
+limits: {max_malformed: 2}
+"""
+
+
+def run_arc3_harness(tmp_path: Path, monkeypatch, proxy: Proxy) -> Path:
+    """A hermes-agent cell on arc3 (tests/arc3_fake.py's game) whose harness always moves right
+    (the fake game's solution), and says it lost its connection while its proxy is dead."""
+    import json
+
+    from harness_adapters.harness import ConversationHarness
+    from orchestrator.rows import row
+    from orchestrator.run import arc3_runner
+    from orchestrator.run.arc3_runner import Arc3CellRunner
+    from tests.arc3_fake import FakeGame
+
+    class RightMover(ConversationHarness):
+        name = "hermes-agent"
+
+        def __init__(self):  # no sandbox, no prompts: the conversation is all it has
+            self.row, self.turns, self.deadline = row("memory-on"), [], None
+            self.open = self.broken = False
+            self.session = self.task_id = self.pending = ""
+
+        def open_conversation(self, session: str) -> None:
+            pass
+
+        def send(self, message: str) -> Turn:
+            proxy.turn()
+            return Turn(text=LOST if proxy.dead else '{"action": "ACTION4"}')
+
+    games = tmp_path / "games" / "fake" / "0001"
+    games.mkdir(parents=True)
+    (games / "metadata.json").write_text(json.dumps({"game_id": "fake-0001", "title": "Fake",
+                                                     "baseline_actions": [2, 3, 4]}))
+    (tmp_path / "grid.yaml").write_text(ARC3_GRID)
+    grid = load_grid(tmp_path / "grid.yaml")
+    [cell] = grid.cells()
+    cell_dir = tmp_path / "run" / "cells" / cell.cell
+
+    @contextmanager
+    def services(grid, cell, cell_dir, upstream):
+        proxy.start()
+        yield CellServices("http://proxy.invalid/v1", HostStateDir(CellPaths(cell_dir).state), local_executor,
+                           harness=RightMover(), infrastructure=[proxy.fault])
+
+    monkeypatch.setattr(arc3_runner, "cell_services", services)
+    Arc3CellRunner(grid, cell, cell_dir, env_factory=FakeGame, model_base_url="http://127.0.0.1:9/v1").run()
+    return cell_dir
+
+
+def test_an_arc3_harness_over_a_dead_proxy_is_not_charged_and_the_level_is_played_again(tmp_path, monkeypatch):
+    """The arc3 runner asks through the same helper: the harness's "API call failed" reply in
+    level 1 finds the dead proxy, the level is not charged and is played again from its start."""
+    clean = ends(run_arc3_harness(tmp_path / "clean", monkeypatch, Proxy()))
+    assert [e[1:3] for e in clean] == [("solved", 2), ("solved", 3), ("solved", 4)]
+    proxy = Proxy(dies_at=5)  # level 1's second move (level 0: two moves and its end)
+    cell_dir = run_arc3_harness(tmp_path / "faulted", monkeypatch, proxy)
+    events = read_events(CellPaths(cell_dir).events)
+    [fault] = [e for e in events if e.type == "infrastructure_fault"]
+    assert fault.slot == 1 and LOST in fault.error and proxy.starts == 2
+    assert ends(cell_dir) == clean
+    assert not [e for e in standing(events) if e.type == "step" and e.outcome == "malformed"]
