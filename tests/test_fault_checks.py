@@ -22,7 +22,6 @@ import pytest
 from harness_adapters.base import Learner, Turn
 from harness_adapters.harness import FailureKind, HarnessError
 from harness_adapters.program_check import local_executor
-from orchestrator.protocol import DemoGiven, Verdict
 from orchestrator.records import CellPaths, read_events, standing
 from orchestrator.run import runner as runner_module
 from orchestrator.run.cell_services import CellServices, HostStateDir

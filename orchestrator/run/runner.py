@@ -66,10 +66,11 @@ def interrupt_on_fault(services: CellServices | None, journal: EventLog, event: 
                        context: str, settle: bool = False, cause: BaseException | None = None) -> None:
     """Ask the cell's services for an infrastructure fault before anything is charged; when one is
     found, journal `event()` (an `infrastructure_fault`) with it and `context` (what the learner
-    saw, or what failed), and raise InfrastructureFault: nothing is charged and the instance runs again from its start.
-    `settle`: there is a sign of a fault, so a services that report none are asked once more after
-    FAULT_SETTLE_S (a container being killed can end a stream before the engine says it stopped).
-    The one place every runner (grid, collective, arc3) asks; returns when there is no fault."""
+    saw, or what failed), and raise InfrastructureFault: nothing is charged, and the instance runs
+    again from its start. `settle`: there is a sign of a fault, so services that report none are
+    asked once more after FAULT_SETTLE_S (a container being killed can end a stream before the
+    engine says it stopped). The one place every runner (grid, collective, arc3) asks; returns
+    when there is no fault."""
     if services is None:
         return
     fault = services.fault()
