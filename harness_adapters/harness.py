@@ -96,6 +96,9 @@ class HarnessAdapter:
     make_state: Callable[[HarnessCell], StateVolume]
     make_learner: Callable[[HarnessCell], Learner]
     error_patterns: tuple[tuple[str, FailureKind], ...] = ()
+    # what the harness says, as its reply text, when it lost its model connection (its proxy died
+    # under it): such a reply makes the runner ask the cell's services for a fault at once
+    connection_error_patterns: tuple[str, ...] = ()
     options: tuple[Option, ...] = ()
     docs: str = ""  # the project's page of verified facts about the harness
     # the model APIs the adapter renders a config for (harness_adapters.chat_model.APIS);
@@ -123,6 +126,10 @@ class HarnessAdapter:
         if problems:
             raise ValueError("; ".join(f"harness_options.{self.name}.{k}: {v}" for k, v in problems.items()))
         return {o.name: given.get(o.name, o.default) for o in self.options}
+
+    def reports_lost_connection(self, text: str) -> bool:
+        """Whether `text` is the harness telling of a lost model connection, not an answer."""
+        return any(re.search(pattern, text, re.IGNORECASE) for pattern in self.connection_error_patterns)
 
     def classify(self, text: str) -> FailureKind:
         """The first pattern (the adapter's own, then the common ones) that matches `text`."""

@@ -37,6 +37,14 @@ ERROR_PATTERNS = (
     (r"RateLimitError", FailureKind.RATE_LIMIT),
     (r"APITimeoutError|ReadTimeout", FailureKind.TIMEOUT),
 )
+# With its model connection gone (the proxy died), hermes does not fail the turn: its final reply is
+# "API call failed after 3 retries: Connection error." (agent/conversation_loop.py:4262, the
+# openai SDK's APIConnectionError as its `_summarize_api_error` puts it).
+CONNECTION_ERROR_PATTERNS = (
+    r"API call failed after \d+ retries",
+    r"Connection to provider failed",
+    r"Connection error|APIConnectionError|Connection refused|ConnectError|RemoteProtocolError|Server disconnected",
+)
 
 
 def render_config(base_url: str, model: str, effort: str | None, context_length: int = 131072,
@@ -142,5 +150,6 @@ def _state(cell: HarnessCell) -> HarnessState:
 
 HERMES = HarnessAdapter(
     name="hermes-agent", version=HERMES_VERSION, recipe=RECIPE, make_state=_state,
-    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md",
+    make_learner=HermesAgent, error_patterns=ERROR_PATTERNS,
+    connection_error_patterns=CONNECTION_ERROR_PATTERNS, docs="docs/harnesses/hermes-agent.md",
     apis=tuple(API_MODES))

@@ -40,6 +40,14 @@ ERROR_PATTERNS = (
     (r"HTTP 50[234]|ECONNREFUSED|fetch failed|Connection refused", FailureKind.CRASH),
     (r"aborted|ETIMEDOUT|timed out", FailureKind.TIMEOUT),
 )
+# What openclaw's gateway answers as the reply text when its model connection is gone (the user-
+# facing copies of dist/*.mjs `formatTransportErrorCopy`, and its "Agent failed before reply").
+CONNECTION_ERROR_PATTERNS = (
+    r"LLM request failed: (connection refused|network connection|DNS lookup|the provider endpoint is "
+    r"unreachable|provider reported a network error)",
+    r"Agent failed before reply",
+    r"Connection error|ECONNREFUSED|ECONNRESET|fetch failed|socket hang up",
+)
 OPTIONS = (
     Option("dreaming_frequency", str, "0 * * * *",
            "cron schedule of memory-core dreaming (openclaw's own default is 03:00 daily)"),
@@ -191,5 +199,6 @@ def _state(cell: HarnessCell) -> HarnessState:
 OPENCLAW = HarnessAdapter(
     name="openclaw", version=OPENCLAW_VERSION, recipe=RECIPE,
     make_state=_state, make_learner=lambda cell: OpenClaw(cell, _gateway(cell)),
-    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/openclaw.md",
+    error_patterns=ERROR_PATTERNS, connection_error_patterns=CONNECTION_ERROR_PATTERNS, options=OPTIONS,
+    docs="docs/harnesses/openclaw.md",
     apis=tuple(PROVIDER_APIS))

@@ -75,6 +75,10 @@ ERROR_PATTERNS = (
     (r"daemon .*(exited|not connected)|Failed to connect to the Prime Agent daemon", FailureKind.CRASH),
     (r"\boverloaded\b", FailureKind.RATE_LIMIT),
 )
+# prime-agent ends a run whose model connection is gone with `stopReason:"error", errorMessage:
+# "Connection error."` (docs/harnesses/prime-agent.md), a HarnessError; should such text come as
+# a reply, it is the same sign.
+CONNECTION_ERROR_PATTERNS = (r"Connection error|ECONNREFUSED|ECONNRESET|fetch failed|socket hang up",)
 
 
 # --- configuration on the state volume ----------------------------------------------------------
@@ -583,5 +587,6 @@ RECIPE = Recipe("prime-agent", Path(__file__).parent / "recipes" / "prime-agent"
 PRIME = HarnessAdapter(
     name="prime-agent", version=PRIME_AGENT_VERSION, recipe=RECIPE,
     make_state=_state, make_learner=lambda cell: PrimeAgent(cell, _agent(cell)),
-    error_patterns=ERROR_PATTERNS, options=OPTIONS, docs="docs/harnesses/prime-agent.md",
+    error_patterns=ERROR_PATTERNS, connection_error_patterns=CONNECTION_ERROR_PATTERNS, options=OPTIONS,
+    docs="docs/harnesses/prime-agent.md",
     apis=tuple(PROVIDER_APIS))

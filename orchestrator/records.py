@@ -41,14 +41,15 @@ import os
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.protocol import FailureKind
 
 # infrastructure_fault: the cell's proxy or a container stopped under an instance; nothing is charged
-# for it and the instance is run again (after the services restart, or on resume).
+# for it and the instance is run again from its start (after the services restart, or on resume):
+# the slot's events before it are superseded (`standing`).
 # stopped: the cell reached a limit (limits.usd_per_cell) before this slot's instance began; the
 # slot was not started, and runs on resume once the limit is raised.
 EventType = Literal["instance_start", "step", "instance_end", "resumed", "learner_error",
@@ -305,6 +306,23 @@ def last_stop(events: list[Event]) -> Event | None:
     """The `stopped` event a cell ended on, or None when it ran on after it (or never stopped)."""
     last = next((e for e in reversed(events) if e.type in ("stopped", "instance_start", "resumed")), None)
     return last if last is not None and last.type == "stopped" else None
+
+
+def standing(events: Iterable[Event]) -> list[Event]:
+    """The events that stand, in order: an instance under which the infrastructure failed runs
+    again from its start, so a slot's events before its last `infrastructure_fault` (per user)
+    are superseded and left out; the faults themselves stay. Every reader of steps or of an
+    unfinished instance reads through this, so a superseded step never counts as the learner's."""
+    events = list(events)
+    last = {(e.user, e.slot): i for i, e in enumerate(events) if e.type == "infrastructure_fault"}
+    return [e for i, e in enumerate(events)
+            if e.type == "infrastructure_fault" or i > last.get((e.user, e.slot), -1)]
+
+
+def current_attempt(events: Iterable[Event], slot: int) -> list[Event]:
+    """The slot's records of its current attempt (a resumed instance replays these): its standing
+    events but the stops and faults. Empty: the instance starts afresh."""
+    return [e for e in standing(events) if e.slot == slot and e.type not in ("stopped", "infrastructure_fault")]
 
 
 class StaleAttempt(RecordsUnwritable):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.records import CellPaths, Event, UserPaths
+from orchestrator.records import CellPaths, Event, UserPaths, standing
 from orchestrator.rows import STATELESS_ROWS, row_name
 from proxy.journal import JOURNAL_FILE, JournalEntry
 from stores_inspector.reading import Problems, read_json, read_jsonl
@@ -140,19 +140,20 @@ def _first_existing(folder: Path, names: tuple[str, ...]) -> Path | None:
 
 
 def _instances(folder: Path, problems: Problems) -> dict[int, Instance]:
-    events = CellPaths(folder).events  # also read compressed, as an archived run may keep it
-    path = _first_existing(folder, (events.name, f"{events.name}.zst", f"{events.name}.gz"))
+    log = CellPaths(folder).events  # also read compressed, as an archived run may keep it
+    path = _first_existing(folder, (log.name, f"{log.name}.zst", f"{log.name}.gz"))
     if path is None:
         problems.add("events.jsonl", "missing: no instances, the timeline has no task names")
         return {}
     known = set(Event.model_fields)
-    instances: dict[int, Instance] = {}
+    events = []
     for row in read_jsonl(_read(path, problems), path.name, problems):
         try:
-            event = Event.model_validate({k: v for k, v in row.items() if k in known})
+            events.append(Event.model_validate({k: v for k, v in row.items() if k in known}))
         except (ValueError, AttributeError) as exc:
             problems.add(path.name, f"an event skipped ({str(exc)[:200]})")
-            continue
+    instances: dict[int, Instance] = {}
+    for event in standing(events):  # an instance rerun after an infrastructure fault: its rerun
         instance = instances.setdefault(event.slot, Instance(
             event.slot, event.task, event.visit, event.exposure, event.phase))
         if event.type in ("instance_start", "resumed") and instance.start_t is None:

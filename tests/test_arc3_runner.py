@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.analysis.report import load_run
 from orchestrator.analysis.measures import instances_frame
-from orchestrator.records import read_events
+from orchestrator.records import read_events, standing
 from orchestrator.run.arc3_runner import Arc3CellRunner, ReplayMismatch
 from orchestrator.run.grid_config import GridFileError, load_grid
 from tests.arc3_fake import FakeGame
@@ -135,7 +135,7 @@ class Failing(FakeGame):
         return super().act(action)
 
 
-def test_an_engine_failure_is_not_charged_and_the_level_continues_on_a_fresh_engine(grid_path, tmp_path):
+def test_an_engine_failure_is_not_charged_and_the_level_is_played_again_from_its_start(grid_path, tmp_path):
     whole = ends(run_cell(grid_path, tmp_path / "whole", 1))
     failed: list = []
     grid = load_grid(grid_path)
@@ -146,6 +146,12 @@ def test_an_engine_failure_is_not_charged_and_the_level_continues_on_a_fresh_eng
     assert failed and [e.type for e in events].count("infrastructure_fault") == 1
     assert [(e.status, e.cost) for e in ends(folder)] == [(e.status, e.cost) for e in whole]
     assert not any(e.type == "learner_error" for e in events)
+    # the level under the fault starts over on the fresh engine: its earlier actions superseded
+    [fault] = [e for e in events if e.type == "infrastructure_fault"]
+    after = [e for e in events[events.index(fault) + 1:] if e.slot == fault.slot]
+    assert after[0].type == "instance_start" and not any(e.type == "resumed" for e in after)
+    assert [e.step for e in standing(events) if e.type == "step" and e.slot == fault.slot] == \
+        [e.step for e in after if e.type == "step"] == list(range(1, sum(e.type == "step" for e in after) + 1))
 
 
 def test_a_game_that_answers_otherwise_on_resume_is_named_not_scored(grid_path, tmp_path):

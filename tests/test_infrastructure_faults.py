@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis.report import write_report
-from orchestrator.records import read_events
+from orchestrator.records import read_events, standing
 from orchestrator.run.grid_run import execute
 from proxy.journal import read_journal
 from tests.solver_endpoint import SolverEndpoint, serve
@@ -193,3 +193,100 @@ def test_a_harness_that_stops_itself_fails_at_the_wall_clock_and_the_next_instan
     [second] = [e for e in seen if e.type == "instance_end" and e.slot == 1]
     assert any(e.type == "step" and e.slot == 1 for e in seen) and second.reason != first.reason
     assert not [e for e in seen if e.type == "infrastructure_fault"]
+
+
+class HangAt:
+    """ASGI middleware over the embedded model: chat call number `at` never answers (until the
+    server stops); `hung` is set when it arrives."""
+
+    def __init__(self, app, at: int | None):
+        import threading
+
+        self.app, self.at, self.calls = app, at, 0
+        self.hung, self.release = threading.Event(), threading.Event()
+
+    async def __call__(self, scope, receive, send):
+        import asyncio
+
+        if scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
+            self.calls += 1
+            if self.calls == self.at:
+                self.hung.set()
+                while not self.release.is_set():
+                    await asyncio.sleep(0.1)
+                return
+        await self.app(scope, receive, send)
+
+
+def run_hermes_on(tmp_path: Path, name: str, hang_at: int | None, on_hang=None) -> Path:
+    """A hermes-agent cell (limits.max_malformed: 2) on the embedded model served here, its chat
+    call `hang_at` hung; `on_hang(run_dir)` runs in a thread once that call arrives."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from proxy.host import free_port
+    from sandboxes.images import docker_client
+    from sandboxes.networks import host_address
+    from solver_model.server import create_app
+
+    app = HangAt(create_app(effort_default="low", seed=0), hang_at)
+    host = host_address(docker_client())  # where the cell's proxy container reaches the host
+    port = free_port(host)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="critical"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    run_dir = tmp_path / "runs" / name
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text(
+        GRID.format(learner="hermes-agent", engine="docker", url=f"http://{host}:{port}/v1", timeout=600)
+        .replace("tasks: 3, visits: 2", "tasks: 2, visits: 1") + "limits: {max_malformed: 2}\n")
+    if on_hang is not None:
+        threading.Thread(target=lambda: app.hung.wait(1800) and on_hang(run_dir), daemon=True).start()
+    try:
+        execute(run_dir, show_progress=False)
+    finally:
+        app.release.set()
+        server.should_exit = True
+    return run_dir
+
+
+@pytest.mark.docker
+def test_a_harness_cells_proxy_killed_under_a_hung_call_is_an_uncharged_fault_and_changes_no_verdict(tmp_path):
+    """Issue 34's repro: a hermes-agent cell with limits.max_malformed 2, an upstream that hangs
+    on its 5th call, and `docker kill` of the cell's proxy container a second later. hermes
+    answers "API call failed after 3 retries: Connection error." instead of failing its turn;
+    those replies were malformed steps and the instance ended failed at 16 with no fault. Now the
+    first such reply finds the dead proxy: an infrastructure_fault, nothing charged, the instance
+    runs again on fresh services, and the run ends with the clean run's verdicts."""
+    import time
+
+    from sandboxes.docker_sandbox import LABEL_ROLE, LABEL_RUN
+    from sandboxes.images import docker_client
+
+    clean = verdicts(run_hermes_on(tmp_path, "clean", None))
+    killed: list[float] = []
+
+    def kill_the_proxy(run_dir: Path) -> None:
+        time.sleep(1.0)
+        [proxy] = docker_client().containers.list(
+            filters={"label": [f"{LABEL_RUN}={run_dir.name}", f"{LABEL_ROLE}=proxy"]})
+        proxy.kill()
+        killed.append(time.time())
+
+    run_dir = run_hermes_on(tmp_path, "proxy-killed", 5, kill_the_proxy)
+    assert killed, "the proxy was never killed"
+    faulted = events(run_dir)
+    [fault] = [e for e in faulted if e.type == "infrastructure_fault"]
+    assert "proxy container" in fault.error
+    print(f"\nthe fault was noticed {fault.t - killed[0]:.1f} s after the proxy was killed: {fault.error[:300]}")
+    assert verdicts(run_dir) == clean  # nothing charged for the fault, nothing lost or doubled
+    standing_events = standing(faulted)
+    assert not [e for e in standing_events if e.type == "learner_error"]
+    assert not [e for e in standing_events if e.type == "step" and e.outcome == "malformed"
+                and "Connection error" in (e.reply or "")]
+    label = {"label": f"org.carc.run={run_dir.name}"}
+    client = docker_client()
+    assert not client.containers.list(all=True, filters=label) and not client.volumes.list(filters=label)

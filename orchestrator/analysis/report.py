@@ -596,7 +596,8 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
     if not data[FAULTS].empty:
         sections[INFRASTRUCTURE] = (
             "A proxy or container of the cell died under these instances. Nothing was charged for "
-            "them: each was run again from its records after the cell's services restarted.",
+            "them: each was run again from its start after the cell's services restarted, and its "
+            "steps before the fault are not counted as the learner's.",
             display_frame(data[FAULTS]))
     if not data[STOPPED].empty:
         stopped = data[STOPPED]

@@ -33,12 +33,13 @@ from harness_adapters.arc3_harness import Arc3Harness
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from orchestrator.arc3 import (COMPLEX, Arc3Action, Arc3Env, LevelProtocol, Observation,
                                parse_arc3_action)
-from orchestrator.protocol import Malformed, MalformedReply
+from orchestrator.protocol import Malformed, MalformedReply, Status
 from orchestrator.records import (RECORDS_FORMAT, CellFence, CellPaths, Event, EventLog,
-                                  RecordsUnwritable, read_events, truncate_torn_tail)
+                                  RecordsUnwritable, current_attempt, read_events, truncate_torn_tail)
 from orchestrator.run.cell_services import HostStateDir, cell_services
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig
-from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellStopped, InfrastructureFault, SpendMeter
+from orchestrator.run.runner import (INFRASTRUCTURE_RESTARTS, CellStopped, InfrastructureFault, SpendMeter,
+                                     interrupt_on_fault, journaled_usage, lost_connection_test)
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import derive_seed
 from proxy.journal import JOURNAL_FILE, JournalTail
@@ -113,7 +114,7 @@ class Arc3CellRunner:
                         raise InfrastructureFault(
                             f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of the engine "
                             "(resume with `carc grid run --resume` once the cause is fixed)") from exc
-                    # a fresh engine, and the interrupted level continued from its records
+                    # a fresh engine, and the interrupted level played again from its start
                     log.warning("arc3_engine_restart", cell=self.cell.cell, fault=str(exc), restart=restart + 1)
         finally:
             lock.close()
@@ -169,7 +170,7 @@ class Arc3CellRunner:
                 for position, slot in enumerate(schedule):
                     if slot.index in finished:
                         continue
-                    partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                    partial = current_attempt(events, slot.index)
                     self._check_limits(slot, spend, journal, started=bool(partial))
                     self._run_slot(env, slot, journal, partial)
                     self.progress(position + 1, len(schedule))
@@ -195,19 +196,14 @@ class Arc3CellRunner:
             journal.append(self._event("stopped", slot, reason=reason, cost_usd=spent))
             raise CellStopped(reason)
 
-    def _journal_usage(self, slot: int) -> Usage:
-        """The level's model calls as the cell's proxy journaled them."""
+    def _journal_usage(self, slot: int, since: float) -> Usage:
         if self.journal_tail is None:
             self.journal_tail = JournalTail(self.paths.journal / JOURNAL_FILE)
-        mine = [e for e in self.journal_tail.new_entries()
-                if e.slot == slot and not e.refused and e.api != "other"]
-        return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
-                     sum(e.completion_tokens or 0 for e in mine),
-                     sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
+        return journaled_usage(self.journal_tail, slot, since)
 
     def _engine(self, journal: EventLog, slot: ScheduledSlot, call: Callable[[], Observation]) -> Observation:
         """An engine call; its failure is the infrastructure's, never charged: the level is
-        journaled as interrupted and continued from its records on a fresh engine."""
+        journaled as interrupted and played again from its start on a fresh engine."""
         try:
             return call()
         except Exception as exc:
@@ -276,6 +272,7 @@ class Arc3CellRunner:
             self.services.set_slot(slot.index, "before")
         usage = Usage()
         step_no = 0
+        since = partial[0].t if partial else time.time()  # when this attempt of the level began
         if partial:
             protocol = self._replay(env, slot, protocol, partial, journal)
             step_no = sum(e.type == "step" for e in partial)
@@ -288,11 +285,25 @@ class Arc3CellRunner:
             journal.append(self._event("instance_start", slot, format=RECORDS_FORMAT, level=level,
                                        wiped_before=slot.wipe_before), durable=False)
         most = protocol.cap + self.limits.max_malformed + EXTRA_TURNS
+        lost_connection = lost_connection_test(self.cell.learner)
+
+        def superseded() -> Event:
+            """The fault's record, with what the attempt it ends spent (a harness's: journaled)."""
+            spent = self._journal_usage(slot.index, since) if self.cell.learner in HARNESSES else usage
+            return self._event("infrastructure_fault", slot, step=step_no, level=level, model_calls=spent.calls,
+                               prompt_tokens=spent.prompt_tokens, completion_tokens=spent.completion_tokens,
+                               model_s=round(spent.seconds, 4), cost_usd=spent.usd)
+
+        def interrupt(context: str, settle: bool = False) -> None:
+            """Before a charge: a fault under the level ends this attempt, uncharged (runner.py)."""
+            interrupt_on_fault(self.services, journal, superseded, context, settle)
+
+        wall_clock = f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded"
         try:
             while not protocol.over and step_no < most:
                 if time.monotonic() > deadline:
-                    protocol.expire(f"wall-clock limit of {self.limits.wall_clock_s:g} s exceeded",
-                                    "wall-clock")
+                    interrupt(wall_clock)
+                    protocol.expire(wall_clock, "wall-clock")
                     break
                 action = self.player.choose(protocol.current)
                 spent = getattr(self.player, "usage", None) or Usage()
@@ -307,6 +318,9 @@ class Arc3CellRunner:
                 else:
                     outcome = "malformed" if isinstance(answer, MalformedReply) else "refused"
                     message = answer.reason
+                said_lost = outcome == "malformed" and lost_connection(reply or "")
+                if said_lost or (applied.over and applied.status is not Status.SOLVED):
+                    interrupt(f"the player's reply, {outcome}: {(reply or '')[:300]!r}", settle=said_lost)
                 journal.append(self._event(
                     "step", slot, step=step_no + 1,
                     action=action_json(action) if isinstance(action, Arc3Action) else {"malformed": action.reason},
@@ -329,15 +343,18 @@ class Arc3CellRunner:
                 if protocol.over and self.services is not None:
                     self.services.set_slot(slot.index, "after")
             if not protocol.over:
-                protocol.expire(f"{step_no} turns without completing the level or reaching its cap",
-                                "no-verdict")
+                no_verdict = f"{step_no} turns without completing the level or reaching its cap"
+                interrupt(no_verdict)
+                protocol.expire(no_verdict, "no-verdict")
         except (RecordsUnwritable, ReplayMismatch, InfrastructureFault):
             raise
         except ModelUnavailable as exc:
+            interrupt(f"the player saw: model unavailable: {exc}", settle=True)
             journal.append(self._event("learner_error", slot, error=f"model unavailable: {exc}"[:2000],
                                        failure_kind="model-unavailable"))
             protocol.expire(f"model unavailable: {exc}"[:300], "model-unavailable")
         except Exception as exc:  # the player's bug fails the level, charged in full
+            interrupt(f"the player saw: {type(exc).__name__}: {exc}", settle=True)
             log.error("arc3_level_error", cell=self.cell.cell, slot=slot.index, exc_info=exc)
             journal.append(self._event("learner_error", slot, error=f"{type(exc).__name__}: {exc}"[:2000],
                                        failure_kind="learner-error"))
@@ -349,7 +366,7 @@ class Arc3CellRunner:
                 log.warning("arc3_end_level_error", cell=self.cell.cell, slot=slot.index, error=str(exc)[:500])
                 journal.append(self._event("learner_error", slot, error=f"end: {exc}"[:2000]))
         if self.cell.learner in HARNESSES:  # a harness does not count its calls; the proxy does
-            usage = self._journal_usage(slot.index)
+            usage = self._journal_usage(slot.index, since)
         charge = protocol.charge
         transcript = {"game": slot.task_id, "level": level, "baseline": baseline, "actions": protocol.actions}
         if hasattr(self.player, "transcript"):

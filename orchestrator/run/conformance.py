@@ -37,7 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness_adapters.scripted_model import NOTE, scripted_model_server
-from orchestrator.records import CellPaths, Event, RunPaths, read_events
+from orchestrator.records import CellPaths, Event, RunPaths, read_events, standing
 from orchestrator.run.grid_config import Cell
 from proxy.journal import JOURNAL_FILE, JournalEntry, read_journal
 from sandboxes.docker_sandbox import LABEL_RUN, prune
@@ -118,7 +118,7 @@ class ConformanceCell:
         try:
             if not events.exists():
                 records.unreadable["events"] = f"{events}: missing"
-            records.events = read_events(events)
+            records.events = standing(read_events(events))  # what stands as the learner's
         except (OSError, ValueError) as exc:
             records.unreadable["events"] = str(exc)
         try:

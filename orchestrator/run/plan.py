@@ -21,7 +21,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.records import CellPaths, CellRecord, RunPaths, read_events
+from orchestrator.records import CellPaths, CellRecord, RunPaths, read_events, standing
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, price_table
 from proxy.journal import read_journal
 from proxy.prices import Price, PriceTable
@@ -203,7 +203,7 @@ def _measure(folder: CellPaths, entries: list | None) -> Measured | None:
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
     steps: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # slot -> calls, input, output
-    for event in read_events(folder.events):
+    for event in standing(read_events(folder.events)):  # a rerun instance: its standing attempt
         if event.type == "instance_start":
             starts[event.slot] = event.t
         elif event.type == "instance_end" and event.slot in starts:

@@ -5,6 +5,12 @@ fsynced `step` event per action before the learner hears the answer -> learner.e
 the state -> instance_end. A killed run resumes at the first slot without an instance_end: the
 state is restored from the previous slot's snapshot, the protocol is rebuilt by replaying the
 logged steps (nothing is charged twice), and the learner gets its conversation back.
+
+Nothing is charged to the learner while its infrastructure is broken: before a wrong answer is
+adopted, at every instance end that charges, after a learner error and after a harness reply that
+tells of a lost model connection, the cell's services are asked for a fault (`interrupt_on_fault`).
+A fault is journaled (`infrastructure_fault`) and the instance runs again from its start on fresh
+services; its steps before the fault are superseded (`records.standing`), never replayed.
 """
 
 from __future__ import annotations
@@ -19,17 +25,18 @@ from typing import Callable
 
 import structlog
 
+from harness_adapters import registry
 from harness_adapters.base import InstanceView, Learner, StepRecord
 from harness_adapters.chat_model import ChatModel, ModelUnavailable, Usage
 from harness_adapters.harness import HarnessError
 from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import (Action, DemoGiven, FailureKind, Finished, InstanceProtocol, Malformed,
-                                   MalformedReply, Outcome, Refused, Verdict, extract_action)
+                                   MalformedReply, Outcome, Refused, Status, Verdict, extract_action)
 from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellFence, CellPaths, Event,
-                                  EventLog, RecordsUnwritable, read_events, truncate_torn_tail)
-from orchestrator.run.cell_services import cell_services, ladder_learner
-from orchestrator.run.grid_config import Cell, GridConfig, price_table
+                                  EventLog, RecordsUnwritable, current_attempt, read_events, truncate_torn_tail)
+from orchestrator.run.cell_services import CellServices, cell_services, ladder_learner
+from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, price_table
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.tasks.base import ArcInstance
 from proxy.journal import JOURNAL_FILE, JournalTail
@@ -40,7 +47,9 @@ log = structlog.get_logger("carc.runner")
 MAX_TURNS_AFTER_OVER = 4
 # How often a cell's services are restarted after an infrastructure fault before the cell stops.
 INFRASTRUCTURE_RESTARTS = 2
-FAULT_SETTLE_S = 2.0  # after a learner error, the wait before the infrastructure is asked again
+# After a sign that the infrastructure failed (a learner error, a harness's reply telling of a lost
+# connection) and no fault seen yet: the wait before the services are asked again.
+FAULT_SETTLE_S = 2.0
 
 
 class CellStopped(Exception):
@@ -50,7 +59,56 @@ class CellStopped(Exception):
 
 class InfrastructureFault(RuntimeError):
     """The cell's proxy or a container stopped under an instance. Never charged to the learner:
-    the instance is journaled as interrupted and run again."""
+    the instance is journaled as interrupted and run again from its start."""
+
+
+def interrupt_on_fault(services: CellServices | None, journal: EventLog, event: Callable[[], Event],
+                       context: str, settle: bool = False, cause: BaseException | None = None) -> None:
+    """Ask the cell's services for an infrastructure fault before anything is charged; when one is
+    found, journal `event()` (an `infrastructure_fault`) with it and `context` (what the learner
+    saw, or what failed), and raise InfrastructureFault: nothing is charged, and the instance runs
+    again from its start. `settle`: there is a sign of a fault, so services that report none are
+    asked once more after FAULT_SETTLE_S (a container being killed can end a stream before the
+    engine says it stopped). The one place every runner (grid, collective, arc3) asks; returns
+    when there is no fault."""
+    if services is None:
+        return
+    fault = services.fault()
+    if not fault and settle:
+        time.sleep(FAULT_SETTLE_S)
+        fault = services.fault()
+    if not fault:
+        return
+    record = event().model_copy(update={"error": f"{fault} ({context})"[:2000]})
+    journal.append(record)
+    who = f"user {record.user} slot {record.slot}" if record.user is not None else f"slot {record.slot}"
+    raise InfrastructureFault(f"{who}: {fault}") from cause
+
+
+def lost_connection_test(learner: str) -> Callable[[str], bool]:
+    """Whether a reply text of the cell's learner tells of a lost model connection: its harness
+    adapter's `connection_error_patterns` (a ladder learner's is a ModelUnavailable, never a reply)."""
+    if learner not in HARNESSES:
+        return lambda text: False
+    return registry.adapter(learner).reports_lost_connection
+
+
+def journaled_usage(tail: JournalTail, slot: int, since: float) -> Usage:
+    """An instance's model calls as its cell's proxy journaled them (those the tail has not yet
+    given), made since its current attempt began at `since` (the calls of an attempt an
+    infrastructure fault superseded are not the instance's)."""
+    mine = [e for e in tail.new_entries()  # not endpoint probes
+            if e.slot == slot and e.t_start >= since and not e.refused and e.api != "other"]
+    return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
+                 sum(e.completion_tokens or 0 for e in mine),
+                 sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
+
+
+def charges_a_failure(outcome: Outcome, before: InstanceProtocol, after: InstanceProtocol) -> bool:
+    """Whether a step charges the learner for failing: a wrong answer, or the step that ends the
+    instance failed (the malformed cap)."""
+    return ((isinstance(outcome, Verdict) and not outcome.correct)
+            or (after.over and not before.over and after.status is not Status.SOLVED))
 
 MAX_TURNS = 200
 LOCK_TRIES = 30  # x 0.1 s
@@ -144,8 +202,8 @@ class CellRunner:
                         raise InfrastructureFault(
                             f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of the cell's "
                             f"services (resume with `carc grid run --resume` once the cause is fixed)") from exc
-                    # Fresh services, and the interrupted instance continued from its records,
-                    # exactly as a resumed run would.
+                    # Fresh services, and the interrupted instance run again from its start (its
+                    # steps before the fault superseded), exactly as a resumed run would.
                     log.warning("infrastructure_fault_restart", cell=self.cell.cell, fault=str(exc),
                                 restart=restart + 1)
         finally:
@@ -176,19 +234,16 @@ class CellRunner:
                     for position, slot in enumerate(schedule):
                         if slot.index in finished:
                             continue
-                        partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                        partial = current_attempt(events, slot.index)
                         self._check_limits(slot, spend, journal, started=bool(partial))
                         try:
                             self._run_slot(slot, learner, journal, partial)
                         except (InfrastructureFault, RecordsUnwritable):
                             raise
                         except Exception as exc:  # outside the learner's turn: a wipe, a snapshot
-                            fault = services.fault()
-                            if not fault:
-                                raise
-                            journal.append(self._event("infrastructure_fault", slot,
-                                                       error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
-                            raise InfrastructureFault(f"slot {slot.index}: {fault}") from exc
+                            interrupt_on_fault(services, journal, lambda: self._event("infrastructure_fault", slot),
+                                               f"{type(exc).__name__}: {exc}", cause=exc)
+                            raise
                         services.set_slot(None, "between")
                         following = schedule[position + 1] if position + 1 < len(schedule) else None
                         if (following is not None and not following.wipe_before
@@ -213,15 +268,10 @@ class CellRunner:
             journal.append(self._event("stopped", slot, reason=reason, cost_usd=spent))
             raise CellStopped(reason)
 
-    def _journal_usage(self, slot: int) -> Usage:
-        """This instance's model calls as the cell's proxy journaled them (those made so far)."""
+    def _journal_usage(self, slot: int, since: float) -> Usage:
         if self.journal_tail is None:
             self.journal_tail = JournalTail(self.paths.journal / JOURNAL_FILE)
-        mine = [e for e in self.journal_tail.new_entries()
-                if e.slot == slot and not e.refused and e.api != "other"]  # not endpoint probes
-        return Usage(len(mine), sum(e.prompt_tokens or 0 for e in mine),
-                     sum(e.completion_tokens or 0 for e in mine),
-                     sum(e.latency_s or 0.0 for e in mine), sum(e.cost_usd or 0.0 for e in mine))
+        return journaled_usage(self.journal_tail, slot, since)
 
     # --- state volume: wipe, snapshot, restore --------------------------------------------------
 
@@ -239,6 +289,7 @@ class CellRunner:
 
     def _run_slot(self, slot: ScheduledSlot, learner: Learner, journal: EventLog,
                   partial: list[Event]) -> None:
+        """One instance; `partial`: its current attempt's records (a resumed one), else empty."""
         instance = slot.instance()
         protocol = InstanceProtocol(instance, self.limits)
         history: list[StepRecord] = []
@@ -246,6 +297,9 @@ class CellRunner:
         if slot.wipe_before:
             self.services.state.wipe()
         self.services.set_slot(slot.index, "after" if protocol.over else "before")
+        # when this attempt began: a harness's calls of this slot from before it were a
+        # superseded attempt's (an infrastructure fault), not this instance's
+        since = partial[0].t if partial else time.time()
         if partial:
             for event in partial:
                 if event.type != "step":
@@ -268,6 +322,19 @@ class CellRunner:
         learner_error: tuple[str, FailureKind] | None = None
         crashed: Exception | None = None
         step_no = len(history)
+        lost_connection = lost_connection_test(self.cell.learner)
+
+        def superseded() -> Event:
+            """The fault's record, with what the attempt it ends spent (a harness's: journaled)."""
+            spent = usage if self.services.harness is None else self._journal_usage(slot.index, since)
+            return self._event("infrastructure_fault", slot, step=step_no, model_calls=spent.calls,
+                               prompt_tokens=spent.prompt_tokens, completion_tokens=spent.completion_tokens,
+                               model_s=round(spent.seconds, 4), cost_usd=spent.usd)
+
+        def interrupt(context: str, settle: bool = False) -> None:
+            """Before a charge: a fault under the instance ends this attempt, uncharged."""
+            interrupt_on_fault(self.services, journal, superseded, context, settle)
+
         # The deadline reaches the learner: a harness turn or model call is cut at the wall clock.
         view = InstanceView(slot.task_id, instance.test_input, protocol.wrong,
                             protocol.demos_used, tuple(history), deadline=deadline)
@@ -285,12 +352,18 @@ class CellRunner:
                 turn = learner.act()
                 action = turn.action if turn.action is not None else extract_action(turn.text)
                 if time.monotonic() > deadline:
+                    if not protocol.over:  # the wall clock fails it, charged in full
+                        interrupt(f"{wall_clock}; the learner's last reply: {(turn.text or '')[:300]!r}")
                     protocol.expire(wall_clock, "wall-clock")
                     break
                 # The step is applied to a copy and adopted only once its event is on disk, so
                 # an action is never in effect without its record.
                 applied = copy.copy(protocol)
                 outcome = applied.step(action)
+                said_lost = isinstance(outcome, MalformedReply) and lost_connection(turn.text or "")
+                if said_lost or charges_a_failure(outcome, protocol, applied):
+                    interrupt(f"the learner's reply, {outcome_label(outcome)}: {(turn.text or '')[:300]!r}",
+                              settle=said_lost)
                 journal.append(self._event(
                     "step", slot, step=step_no + 1,
                     action=action.to_json() if isinstance(action, Action) else {"malformed": action.reason},
@@ -308,8 +381,10 @@ class CellRunner:
                 if protocol.over:
                     self.services.set_slot(slot.index, "after")
                 learner.observe(outcome, protocol.wrong, protocol.demos_used)
-        except RecordsUnwritable:
-            raise  # the run folder failed, not the learner: the run stops, resume goes on from here
+            if not protocol.over:  # the learner stopped, or MAX_TURNS: charged in full below
+                interrupt(f"the conversation ended after {step_no} turns without a verdict")
+        except (RecordsUnwritable, InfrastructureFault):
+            raise  # not the learner's doing: the run stops (records) or the instance reruns (fault)
         except ModelUnavailable as exc:
             learner_error = f"model unavailable: {exc}", "model-unavailable"
         except HarnessError as exc:
@@ -318,18 +393,9 @@ class CellRunner:
             learner_error = f"learner error: {type(exc).__name__}: {exc}", "learner-error"
             crashed = exc
         if learner_error:
-            fault = self.services.fault()
-            if not fault:
-                # A container being killed can end the harness's stream before the engine reports
-                # it stopped: asked once more after a moment, the engine gives the cause.
-                time.sleep(FAULT_SETTLE_S)
-                fault = self.services.fault()
-            if crashed is not None and not fault:  # a bug's traceback, not a killed container's
+            interrupt(f"the learner saw: {learner_error[0]}", settle=True)
+            if crashed is not None:  # a bug's traceback, not a killed container's
                 log.error("learner_error", cell=self.cell.cell, slot=slot.index, exc_info=crashed)
-            if fault:  # the failure was the infrastructure's: nothing is charged, the instance reruns
-                journal.append(self._event("infrastructure_fault", slot, step=step_no,
-                                           error=f"{fault} (the learner saw: {learner_error[0]})"[:2000]))
-                raise InfrastructureFault(f"slot {slot.index}: {fault}")
             error, kind = learner_error
             journal.append(self._event("learner_error", slot, error=error[:2000], failure_kind=kind))
             if time.monotonic() > deadline:  # the turn was cut at the wall clock: that is why
@@ -340,6 +406,8 @@ class CellRunner:
         try:
             learner.end(protocol.status.value == "solved")
         except Exception as exc:
+            # the verdict turn failed under a fault: what the learner keeps of this instance is lost
+            interrupt(f"the learner's verdict turn failed: {exc}"[:500], settle=True)
             learner_error = learner_error or (f"end: {exc}", "learner-error")
             if isinstance(exc, HarnessError):  # the harness failed the verdict turn: its reason says it
                 log.warning("learner_end_error", cell=self.cell.cell, slot=slot.index, error=str(exc)[:500])
@@ -359,7 +427,7 @@ class CellRunner:
         except Exception as exc:  # a lost log must not lose the verdict
             log.warning("log_collection_failed", cell=self.cell.cell, slot=slot.index, error=str(exc))
         if self.services.harness is not None:  # a harness does not count its calls; the proxy does
-            usage = self._journal_usage(slot.index)
+            usage = self._journal_usage(slot.index, since)
         journal.append(self._event(
             "instance_end", slot, status=protocol.status.value, cost=protocol.cost,
             reason=protocol.failure_reason, failure_kind=protocol.failure_kind,
@@ -395,5 +463,7 @@ class SpendMeter:
         if self.tail is not None:
             self.spent += sum(e.cost_usd or 0.0 for e in self.tail.new_entries())
             return self.spent
-        ends = {e.slot: e for e in read_events(self.paths.events) if e.type == "instance_end"}
-        return sum(e.cost_usd or 0.0 for e in ends.values())
+        events = read_events(self.paths.events)
+        ends = {e.slot: e for e in events if e.type == "instance_end"}
+        superseded = [e for e in events if e.type == "infrastructure_fault"]  # attempts rerun, still paid
+        return sum(e.cost_usd or 0.0 for e in (*ends.values(), *superseded))

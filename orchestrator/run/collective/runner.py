@@ -44,13 +44,13 @@ from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, loc
 from orchestrator.run.collective.schedule import UserSlot, rounds, user_schedule
 from orchestrator.prompts import PromptSet
 from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPaths, SandboxRecord, UserPaths,
-                                  read_events, truncate_torn_tail, write_json)
+                                  current_attempt, read_events, truncate_torn_tail, write_json)
 from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, refuse_host_programs, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
 from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
-from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault
+from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault, interrupt_on_fault
 from orchestrator.run.schedule import ScheduledSlot
 from proxy.journal import make_tag
 
@@ -103,7 +103,7 @@ class UserRunner(CellRunner):
                   stop: threading.Event, done: Callable[[], None]) -> int:
         """Run this user's unfinished slots of round `number`; returns how many instances ran.
         A harness user's sandbox that fails under it (an infrastructure fault) is replaced and
-        the instance continued from its records, as a single-user cell does."""
+        the instance run again from its start, as a single-user cell does."""
         for restart in range(INFRASTRUCTURE_RESTARTS + 1):
             try:
                 return self._run_round(number, row_services, shared_dir, stop, done)
@@ -161,18 +161,15 @@ class UserRunner(CellRunner):
                     for slot in todo:
                         if stop.is_set():
                             break
-                        partial = [e for e in events if e.slot == slot.index and e.type != "stopped"]
+                        partial = current_attempt(events, slot.index)
                         try:
                             self._run_slot(slot, learner, journal, partial)
                         except (InfrastructureFault, RecordsUnwritable):
                             raise
                         except Exception as exc:  # outside the learner's turn
-                            fault = services.fault()
-                            if not fault:
-                                raise
-                            journal.append(self._event("infrastructure_fault", slot,
-                                                       error=f"{fault} ({type(exc).__name__}: {exc})"[:2000]))
-                            raise InfrastructureFault(f"user {self.user} slot {slot.index}: {fault}") from exc
+                            interrupt_on_fault(services, journal, lambda: self._event("infrastructure_fault", slot),
+                                               f"{type(exc).__name__}: {exc}", cause=exc)
+                            raise
                         services.set_slot(None, "between")
                         ran += 1
                         done()

@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.arc import as_grid, GridError
-from orchestrator.records import CellPaths, Event, read_events
+from orchestrator.records import CellPaths, Event, read_events, standing
 
 if TYPE_CHECKING:
     from orchestrator.run.grid_config import Cell, GridConfig
@@ -127,7 +127,7 @@ class RoundRecords:
         """The round's finished instances, user by user, slot by slot."""
         for user in range(self.users):
             paths = self.paths.user(user)
-            events = [e for e in read_events(paths.events) if e.round == self.number]
+            events = [e for e in standing(read_events(paths.events)) if e.round == self.number]
             ends = {e.slot: e for e in events if e.type == "instance_end"}
             if not ends:
                 continue
