@@ -218,9 +218,10 @@ class HangAt:
         await self.app(scope, receive, send)
 
 
-def run_hermes_on(tmp_path: Path, name: str, hang_at: int | None, on_hang=None) -> Path:
+def run_hermes_on(tmp_path: Path, name: str, hang_at: int | None, on_hang=None) -> tuple[Path, int]:
     """A hermes-agent cell (limits.max_malformed: 2) on the embedded model served here, its chat
-    call `hang_at` hung; `on_hang(run_dir)` runs in a thread once that call arrives."""
+    call `hang_at` hung; `on_hang(run_dir)` runs in a thread once that call arrives. Returns the
+    run folder and the chat calls the model got."""
     import threading
     import time
 
@@ -250,7 +251,7 @@ def run_hermes_on(tmp_path: Path, name: str, hang_at: int | None, on_hang=None) 
     finally:
         app.release.set()
         server.should_exit = True
-    return run_dir
+    return run_dir, app.calls
 
 
 @pytest.mark.docker
@@ -266,7 +267,7 @@ def test_a_harness_cells_proxy_killed_under_a_hung_call_is_an_uncharged_fault_an
     from sandboxes.docker_sandbox import LABEL_ROLE, LABEL_RUN
     from sandboxes.images import docker_client
 
-    clean = verdicts(run_hermes_on(tmp_path, "clean", None))
+    clean = verdicts(run_hermes_on(tmp_path, "clean", None)[0])
     killed: list[float] = []
 
     def kill_the_proxy(run_dir: Path) -> None:
@@ -276,8 +277,15 @@ def test_a_harness_cells_proxy_killed_under_a_hung_call_is_an_uncharged_fault_an
         proxy.kill()
         killed.append(time.time())
 
-    run_dir = run_hermes_on(tmp_path, "proxy-killed", 5, kill_the_proxy)
+    run_dir, upstream_calls = run_hermes_on(tmp_path, "proxy-killed", 5, kill_the_proxy)
     assert killed, "the proxy was never killed"
+    # the call hung when the proxy died is journaled too (at the services' teardown): the journal
+    # counts every call the upstream got
+    [cell] = (run_dir / "cells").iterdir()
+    journal = [e for e in read_journal(cell / "journal" / "journal.jsonl")
+               if e.api == "openai-chat" and not e.refused]
+    assert len(journal) == upstream_calls
+    assert len([e for e in journal if "in flight" in (e.error or "")]) == 1
     faulted = events(run_dir)
     [fault] = [e for e in faulted if e.type == "infrastructure_fault"]
     assert "proxy container" in fault.error
