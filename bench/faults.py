@@ -59,6 +59,7 @@ import functools
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -127,11 +128,14 @@ HARNESS_FAULTS = {
                                       wait=True),
     "harness-proxy-killed": HarnessFault(kill="proxy", mid_call=True),
 }
+RUN_TAG = secrets.token_hex(3)  # this bench's runs
 STREAM_AT = 22  # a chat call in mid-run of the hermes cell (in its slot 2 on this machine)
 
 
 def new_run(root: Path, name: str, grid: str) -> Path:
-    run_dir = root / name
+    # The run id names and labels its Docker objects, and a run prunes its id's leftovers as it
+    # starts: a second bench on the same engine must not share it.
+    run_dir = root / f"{name}-{RUN_TAG}"
     (run_dir / "cells").mkdir(parents=True)
     (run_dir / "grid.yaml").write_text(grid)
     return run_dir
