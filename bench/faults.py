@@ -37,7 +37,7 @@ Scenarios:
              what the fill command said and the volume's use after it are in the note.
   harness-stream-cut
              the hermes-agent cell on the embedded model served by this script, whose 22nd chat
-             call (in the second instance) streams two chunks and then breaks the connection
+             call (in slot 2, the third instance) streams two chunks and then breaks the connection
              mid-body, as a provider's stream does; compared with the same endpoint unbroken.
              What the harness makes of it is its own (hermes retries or fails the turn); the
              journal must hold the broken call.
@@ -464,7 +464,7 @@ def harness_fault(root: Path, name: str, clean: dict) -> dict:
         malformed = [e for e in events if e.outcome == "malformed" and e.t >= at
                      and e.t <= (injector.restored_at or float("inf"))]
         restored = (f"{injector.restored_at - at:.0f} s" if injector.restored_at else "never")
-        notes.append(f"{fault.kill} back after {restored}, {len(malformed)} malformed steps while down")
+        notes.append(f"{fault.kill} back after {restored}; malformed steps while down: {len(malformed)}")
         notes.append(changed_verdicts(clean, run_dir))
     if injector.output:
         notes.append("said: " + " | ".join(injector.output.splitlines())[-160:])
