@@ -806,7 +806,11 @@ def test_a_call_in_flight_when_the_proxy_is_killed_is_journaled_at_teardown_and_
         proxy.start()
         with httpx.stream("POST", f"{proxy.base_url}/chat/completions", timeout=10,
                           json={"model": "hang", "stream": True, "messages": [{"content": mark}]}) as reply:
-            next(reply.iter_bytes())  # the upstream answers, then hangs: the call is in flight
+            # The upstream answers, then hangs: the call is in flight. The iterator is kept: a
+            # dropped one is closed at once, and closing it closes the connection (httpcore), which
+            # the proxy would journal as the client gone before the kill.
+            chunks = reply.iter_bytes()
+            next(chunks)
             proxy._process.kill()  # noqa: SLF001 - the proxy dies as a killed container's would
             proxy._process.wait()  # noqa: SLF001
         # killed mid-call: no line yet (the upstream counted one more call than the journal)
