@@ -51,6 +51,9 @@ RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx: what OpenAI's own 
 BACKOFF_S = 0.5        # first wait without a Retry-After; doubled per attempt
 BACKOFF_CAP_S = 8.0
 RETRY_AFTER_CAP_S = 60.0  # a longer Retry-After is waited this long (then the attempt says again)
+# Multiplies every wait before a retry (default 1). The test suite sets 0: which retries happen
+# and what each costs is what tests check, never how long the backoff was.
+RETRY_WAIT_SCALE_ENV = "CARC_RETRY_WAIT_SCALE"
 # The SDKs are imported by the ChatModel that uses one (a worker process of a harness cell, which
 # never calls the model itself, saves their ~70 MB and their import time); an SDK's exception
 # can only come from a loaded SDK.
@@ -181,7 +184,7 @@ class ChatModel:
                                            + (f" (after {len(failures)} retries: {'; '.join(failures)[-300:]})"
                                               if failures else "")) from exc
                 failures.append(_describe(exc))
-                wait = retry_wait(exc, len(failures))
+                wait = retry_wait(exc, len(failures)) * retry_wait_scale()
                 if deadline is not None and time.monotonic() + wait >= deadline:
                     raise ModelUnavailable(f"{where}: {failures[-1]}; the retry in {wait:.1f} s would "
                                            f"pass the instance's wall clock") from exc
@@ -323,6 +326,21 @@ def _retryable(exc: Exception) -> bool:
 def _describe(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
     return f"HTTP {status}" if status is not None else type(exc).__name__
+
+
+def retry_wait_scale() -> float:
+    """The factor on every retry's wait, from CARC_RETRY_WAIT_SCALE (1 when unset)."""
+    value = os.environ.get(RETRY_WAIT_SCALE_ENV, "").strip()
+    if not value:
+        return 1.0
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not scale >= 0:
+        raise ValueError(f"{RETRY_WAIT_SCALE_ENV}={value!r} is not a factor >= 0; unset it, or set "
+                         f"e.g. 1 (the waits as computed) or 0 (retry at once)")
+    return scale
 
 
 def retry_wait(exc: Exception, attempt: int) -> float:

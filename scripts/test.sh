@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Set up and run the tests on a fresh machine (README command 2; .ci/run calls this).
+#   scripts/test.sh           every test, as CI runs them (starts Docker, builds the images)
+#   scripts/test.sh --fast    the fast tier for day-to-day work: no Docker, no server, no whole
+#                             grid, no browser (tests/conftest.py); installs carc, nothing else
+# Other arguments go to pytest. Both print the 25 slowest tests and the time per tier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ " $* " == *" --fast "* ]]; then
+  python3 -m pip install --quiet -e '.[test]'
+  exec python3 -m pytest -q --durations=25 "$@"
+fi
 # Headless Chromium for the report's browser test (Debian's package; no browser download).
 if ! command -v chromium >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive

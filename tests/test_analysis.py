@@ -537,6 +537,7 @@ def collective_frame(cells_n: int = 100, instances: int = 1600, tasks: int = 25,
     return df, cells
 
 
+@pytest.mark.slow
 def test_every_table_of_100_cells_x_1600_instances_with_10000_resamples_is_there():
     # how long it takes is measured by bench/analysis.py, never asserted here
     df, cells = collective_frame()

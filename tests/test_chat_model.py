@@ -65,6 +65,7 @@ def model_scripted(answers, max_retries: int = 4) -> tuple[ChatModel, list[float
     return model, arrivals
 
 
+@pytest.mark.real_retry_waits
 def test_429_and_5xx_and_a_reset_connection_are_retried_honouring_retry_after():
     model, arrivals = model_scripted([(429, {"retry-after": "1"}), (503, {"retry-after-ms": "300"}),
                                       ("reset", {}), (200, {})])
@@ -84,6 +85,19 @@ def test_a_client_error_is_not_retried_and_retries_end_at_max_retries():
     assert len(arrivals) == 3
 
 
+def test_the_suites_zero_wait_scale_retries_at_once_and_a_bad_scale_names_its_variable(monkeypatch):
+    """CARC_RETRY_WAIT_SCALE=0 (what tests/conftest.py sets): the same retries, none waited for;
+    a value that is not a factor >= 0 is refused with the variable's name and what to set."""
+    model, arrivals = model_scripted([(429, {"retry-after": "20"}), (503, {}), (200, {})])
+    assert model.complete([{"role": "user", "content": "hi"}]).text == "ok" and len(arrivals) == 3
+    assert arrivals[-1] - arrivals[0] < 5
+    monkeypatch.setenv("CARC_RETRY_WAIT_SCALE", "fast")
+    model, _ = model_scripted([(429, {"retry-after": "1"}), (200, {})])
+    with pytest.raises(ValueError, match=r"CARC_RETRY_WAIT_SCALE='fast' is not a factor >= 0"):
+        model.complete([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.real_retry_waits
 def test_no_retry_waits_past_the_instances_wall_clock():
     """A Retry-After longer than what is left of the instance ends the call at once: one attempt,
     not a wait of 30 s (nor the SDK's several attempts of the whole timeout each)."""

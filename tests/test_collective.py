@@ -207,6 +207,7 @@ def test_on_a_frames_track_no_two_users_get_the_same_frame_of_a_task(track):
         slot.source.frame(slot.task_id, 3)
 
 
+@pytest.mark.slow
 def test_a_collective_grid_on_arc1_frames_runs_every_users_instances_and_reports_them(tmp_path):
     from orchestrator.analysis.collective_report import write_collective_report
 
@@ -298,6 +299,7 @@ def test_the_update_step_pools_pairs_and_keeps_the_program_most_users_keep(tmp_p
 
 # --- whole runs ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_planned_from_itself_every_row_is_billed_its_users_instances_and_journal_lines(reference):
     """`carc grid plan --pilot` on a collective run: a row's instances are every user's, its calls
     the lines of the row's proxy (shared by its users), read from the users' own events."""
@@ -311,6 +313,7 @@ def test_planned_from_itself_every_row_is_billed_its_users_instances_and_journal
         assert cell.calls == sum(1 for e in read_journal(folder.journal) if not e.refused), cell.cell
 
 
+@pytest.mark.slow
 def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_user(reference):
     assert_records_consistent(reference)
     grid = load_grid(reference / "grid.yaml")
@@ -334,6 +337,7 @@ def test_a_run_records_every_users_instances_once_and_tags_every_call_with_its_u
     assert {c.state for c in status.cells} == {"done"}
 
 
+@pytest.mark.slow
 def test_two_worker_counts_give_identical_results(reference, tmp_path):
     one = make_run(tmp_path, "one-worker")
     execute(one, workers=1, show_progress=False)
@@ -341,6 +345,7 @@ def test_two_worker_counts_give_identical_results(reference, tmp_path):
     assert shared_digests(one) == shared_digests(reference)
 
 
+@pytest.mark.slow
 def test_nothing_crosses_between_users_inside_a_round(reference):
     """A user's own state holds only pairs of its own instances; the shared state of round r
     holds only pairs of instances of rounds before r (so no user saw in round r what another
@@ -370,6 +375,7 @@ def test_nothing_crosses_between_users_inside_a_round(reference):
         assert checked > 0
 
 
+@pytest.mark.slow
 def test_the_report_has_the_collective_section_and_results_hold_every_instance(reference):
     import pandas as pd
     from orchestrator.analysis.collective_report import write_collective_report
@@ -384,6 +390,7 @@ def test_the_report_has_the_collective_section_and_results_hold_every_instance(r
     assert (RunPaths(reference).report_html).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_trained_row_meets_its_twin_until_its_first_update_then_calls_the_trained_model(reference):
     """Round 0 of the trained row is its memory-on twin's, instance for instance; each update
     counts a verified program for every instance of the round it can explain; later rounds call
@@ -428,6 +435,7 @@ class EndpointTrainer(RoundTrainer):
         return {"instances": seen}
 
 
+@pytest.mark.slow
 def test_a_trained_model_served_elsewhere_is_called_by_name_through_the_rows_proxy(tmp_path):
     """A trainer may name a model at another endpoint (a model it fine-tuned): from the first
     update on, every call of the row's users goes through the row's journaling proxy to that
@@ -489,6 +497,7 @@ def _lines(run_dir: Path) -> int:
                for u in c.user_folders() if u.events.exists())
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_sigkill_mid_round_then_resume_loses_double_charges_and_wrongly_charges_nothing(
         reference, tmp_path):
     """First SIGINT to the run's whole process group (Ctrl-C in a terminal): the users end the
@@ -548,6 +557,7 @@ def _update_then_hang(run_dir: str, cell_id: str, number: int, where: str) -> No
     collective_runner.update_shared(grid, cell, RunPaths(run_dir).cell(cell_id), number)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["mid-merge", "before-rename"])
 def test_an_update_step_killed_midway_is_done_again_whole(reference, tmp_path, where):
     """Two copies of the finished run lose the shared state of their last round. In one the

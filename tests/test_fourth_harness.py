@@ -130,6 +130,7 @@ def root(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_scaffolded_harness_with_its_own_tool_names_gets_the_note_kept_and_used(root, served):
     harness = Scaffolded(root, served, root / "state")
     first = harness.play(instance(0), store=True)
@@ -140,6 +141,7 @@ def test_a_scaffolded_harness_with_its_own_tool_names_gets_the_note_kept_and_use
     assert back.status.value == "solved" and back.demos_used == 0 and back.cost == 0
 
 
+@pytest.mark.slow
 def test_the_same_scaffolded_harness_without_its_notes_pays_again(root, served):
     """The control: the notes wiped before the return (memory off), the return buys its pair."""
     harness = Scaffolded(root, served, root / "state")

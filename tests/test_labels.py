@@ -159,6 +159,7 @@ def test_pass_b_keeps_what_both_prompts_agree_on_over_a_real_endpoint(endpoint, 
     assert v.keeps is None and "list: identity, rot180, flip_h; check: identity, flip_h" in v.why
 
 
+@pytest.mark.slow
 def test_carc_labels_make_writes_both_passes_resumes_pass_b_and_the_source_serves_the_decision(
         endpoint, monkeypatch, tmp_path):
     url, state = endpoint

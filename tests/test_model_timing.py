@@ -150,6 +150,7 @@ def test_timing_with_a_real_endpoint_is_refused(tmp_path):
         load_grid(path)
 
 
+@pytest.mark.slow
 def test_a_timed_grid_runs_its_model_servers_with_the_grids_timing(tmp_path):
     """End to end: the grid's timing reaches the embedded servers `carc grid run` starts (their
     usage logs note every call's drawn delay), and the run ends with every instance."""

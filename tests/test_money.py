@@ -72,6 +72,7 @@ def test_a_broken_prices_file_is_refused_with_its_line(tmp_path):
     assert f"{grid}:7: prices:" in str(err.value) and "carc-solver" in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_cell_stops_at_its_dollar_cap_and_continues_exactly_after_it_is_raised(tmp_path):
     run = _start(tmp_path, cap=0.3)
     assert json.loads((run / EFFECTIVE_PRICES).read_text())["models"]["carc-solver"] == \
@@ -107,6 +108,7 @@ def test_a_cell_stops_at_its_dollar_cap_and_continues_exactly_after_it_is_raised
     assert "## Cells stopped" not in write_report(run, resamples=200).read_text()
 
 
+@pytest.mark.slow
 def test_usd_per_cell_is_set_on_resume_from_the_command_line(tmp_path):
     run = _start(tmp_path, cap=None)
     out = CliRunner().invoke(app, ["grid", "run", "--resume", str(run), "--usd-per-cell", "0.0001",

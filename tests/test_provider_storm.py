@@ -12,6 +12,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from orchestrator.analysis.report import write_report
 from orchestrator.records import RunPaths, read_events
@@ -71,6 +72,7 @@ def _verdicts(run: Path) -> dict[str, list[tuple]]:
             for c in RunPaths(run).cell_folders()}
 
 
+@pytest.mark.slow
 def test_a_429_500_storm_is_survived_with_every_retry_journaled_and_counted(tmp_path):
     calm = _run(tmp_path, "calm", storm=False)
     stormy = _run(tmp_path, "stormy", storm=True)

@@ -76,6 +76,7 @@ def _spellings(value: float) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_every_number_of_the_report_is_in_the_parquet_files(run):
     long = pd.read_parquet(run / "results" / "measures.parquet")
     instances = pd.read_parquet(run / "results" / "instances.parquet")
@@ -105,6 +106,7 @@ def test_every_number_of_the_report_is_in_the_parquet_files(run):
             == stream.size().sort_index()).all()
 
 
+@pytest.mark.slow
 def test_instances_hold_every_finished_instance_with_the_journals_compute(run):
     instances = pd.read_parquet(run / "results" / "instances.parquet")
     for folder in RunPaths(run).cell_folders():
@@ -122,6 +124,7 @@ def test_instances_hold_every_finished_instance_with_the_journals_compute(run):
     assert set(instances["phase"]) == {"stream", "epilogue", "fresh"}
 
 
+@pytest.mark.slow
 def test_measures_round_trip_every_table_exactly(run):
     cells, events = load_run(run)
     frame = measures.instances_frame(events, cells)
@@ -135,6 +138,7 @@ def test_measures_round_trip_every_table_exactly(run):
         pd.testing.assert_frame_equal(back[name], table, obj=name)
 
 
+@pytest.mark.slow
 def test_carc_results_exports_csv_and_json(run, tmp_path):
     runner = CliRunner()
     out = runner.invoke(app, ["results", str(run), "--format", "csv", "--out", str(tmp_path / "csv")])
@@ -162,6 +166,7 @@ def _rewrite_costs(run: Path, cell: str, costs: dict[int, int]) -> None:
             log.append(e)
 
 
+@pytest.mark.slow
 def test_compare_pairs_the_same_schedule_across_runs(run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(run, other)
@@ -183,6 +188,7 @@ def test_compare_pairs_the_same_schedule_across_runs(run, tmp_path):
     assert len(pd.read_parquet(tmp_path / "cmp.parquet")) == 2
 
 
+@pytest.mark.slow
 def test_compare_refuses_to_pair_slots_that_serve_different_instances(run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(run, other)

@@ -304,6 +304,7 @@ def test_openai_client_sees_a_bad_request_as_an_error_naming_the_field(live_url)
             model="carc-solver", messages=instance_messages(), reasoning_effort="maximum")
 
 
+@pytest.mark.slow
 def test_serve_runs_two_workers_with_the_real_search_in_a_subprocess():
     """Integration: `serve()` under uvicorn with workers=2, the real search, the openai client."""
     port = free_port()

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -70,6 +71,7 @@ def _status(run: Path):
     return run_status(run)
 
 
+@pytest.mark.slow
 def test_status_in_flight_then_done(tmp_path):
     process, run = _start(tmp_path, "live")
     try:
@@ -93,6 +95,7 @@ def test_status_in_flight_then_done(tmp_path):
     assert all(c["budget"] is not None and 0 <= c["budget"] <= 1 for c in data["cells"])
 
 
+@pytest.mark.slow
 def test_a_killed_run_shows_its_begun_cells_as_interrupted(tmp_path):
     process, run = _start(tmp_path, "killed")
     try:
