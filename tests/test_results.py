@@ -143,9 +143,27 @@ def test_carc_results_exports_csv_and_json(run, tmp_path):
     assert len(csv) == len(pd.read_parquet(run / "results" / "instances.parquet"))
     out = runner.invoke(app, ["results", str(run), "--format", "json", "--out", str(tmp_path / "json")])
     assert out.exit_code == 0, out.output
-    records = json.loads((tmp_path / "json" / "measures.json").read_text())
-    assert len(records) == len(pd.read_parquet(run / "results" / "measures.parquet"))
+    for name in ("instances", "measures"):
+        records = json.loads((tmp_path / "json" / f"{name}.json").read_text())
+        parquet = pd.read_parquet(run / "results" / f"{name}.parquet")
+        assert len(records) == len(parquet)
+        floats = [(record[column], value) for record, row in zip(records, parquet.to_dict("records"))
+                  for column, value in row.items() if isinstance(value, float) and np.isfinite(value)]
+        assert len(floats) > 50
+        assert [a for a, b in floats if a != b] == [], f"{name}.json rounds numbers of the parquet"
     assert runner.invoke(app, ["results", str(run), "--format", "xlsx"]).exit_code == 2
+
+
+def test_json_output_reads_back_every_double_exactly_and_missing_values_as_null(tmp_path):
+    doubles = [0.1 + 0.2, 1 / 3, 2 / 3 * 1e-7, 123456.78901234567, 5e-324, -0.0078125]
+    frame = pd.DataFrame({"value": [*doubles, np.nan, np.inf],
+                          "count": pd.array([1, 2, 3, 4, 5, 6, None, 8], dtype="Int64"),
+                          "cell": ["a", "b", "c", "d", "e", "f", None, "h"]})
+    results.write_frame(frame, tmp_path / "table.json")
+    records = json.loads((tmp_path / "table.json").read_text())
+    assert [r["value"] for r in records] == [*doubles, None, None]
+    assert records[6] == {"value": None, "count": None, "cell": None}
+    assert records[7] == {"value": None, "count": 8, "cell": "h"}
 
 
 def _rewrite_costs(run: Path, cell: str, costs: dict[int, int]) -> None:

@@ -15,6 +15,7 @@ Pure apart from the two file functions at the end; nothing here computes a measu
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -272,7 +273,24 @@ def write_frame(frame: pd.DataFrame, path: Path) -> None:
     elif path.suffix == ".csv":
         frame.to_csv(path, index=False)
     else:
-        frame.to_json(path, orient="records", indent=1)
+        path.write_text(json_records(frame), encoding="utf-8")
+
+
+def json_records(frame: pd.DataFrame) -> str:
+    """A table as a JSON list of records whose numbers read back exactly: the stdlib encoder
+    writes the shortest text that round-trips a double (pandas' `to_json` keeps 10 digits,
+    15 at most). A missing or infinite value, which JSON cannot carry, is null."""
+    records = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    return json.dumps([{str(k): None if isinstance(v, float) and not math.isfinite(v) else v
+                        for k, v in record.items()} for record in records],
+                      indent=1, allow_nan=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} has no JSON form; give the column numbers, "
+                    "text or booleans, or write .parquet")
 
 
 def export(folder: Path, target: Path, format: str) -> list[Path]:
