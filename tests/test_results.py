@@ -12,10 +12,12 @@ import json
 import re
 import shutil
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -288,3 +290,29 @@ def test_compare_fails_naming_the_run_that_has_no_finished_instance(collective_r
     out = CliRunner().invoke(app, ["compare", str(collective_run), str(empty), "--resamples", "200"])
     assert out.exit_code != 0
     assert f"{empty}: no finished stream instance in any of its 2 cells" in " ".join(out.output.split())
+
+
+def test_a_collective_runs_instances_have_the_grids_columns_plus_user_and_round(run, collective_run):
+    out = CliRunner().invoke(app, ["results", str(collective_run), "--resamples", "200"])
+    assert out.exit_code == 0, out.output
+    grid = pd.read_parquet(run / "results" / "instances.parquet")
+    collective = pd.read_parquet(collective_run / "results" / "instances.parquet")
+    assert list(collective.columns) == list(grid.columns) == list(results.INSTANCE_COLUMNS)
+    schema = {name: pq.read_schema(path / "results" / "instances.parquet").remove_metadata()
+              for name, path in (("grid", run), ("collective", collective_run))}
+    assert schema["collective"] == schema["grid"]
+    assert grid["user"].isna().all() and grid["round"].isna().all()
+    assert len(collective) == 2 * COLLECTIVE_USERS * (COLLECTIVE_STREAM + 2)
+    assert sorted(collective["user"].unique()) == list(range(COLLECTIVE_USERS))
+    assert (collective["compute_source"] == "journal").all()
+    for folder in RunPaths(collective_run).cell_folders():
+        calls = Counter((j.user, j.slot) for j in read_journal(folder.journal / "journal.jsonl")
+                        if j.slot is not None and not j.refused)
+        mine = collective[collective["cell"] == folder.name]
+        assert {(u, s): c for u, s, c in zip(mine["user"], mine["slot"], mine["calls"])} == \
+            {key: calls[key] for key in zip(mine["user"], mine["slot"])}
+        for user in folder.user_folders():
+            ends = {e.slot: e for e in read_events(user.events) if e.type == "instance_end"}
+            theirs = mine[mine["user"] == user.number].set_index("slot")
+            assert {s: (theirs.at[s, "round"], theirs.at[s, "pairs"], theirs.at[s, "wrong_answers"])
+                    for s in ends} == {s: (e.round, e.demos_used, e.attempts_used) for s, e in ends.items()}

@@ -188,27 +188,31 @@ def _restore(series: pd.Series, dtype: str) -> pd.Series:
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
 INSTANCE_COLUMNS = (
-    *SETTINGS, "slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason",
+    *SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason",
     "cost", "share", "solved", "pairs", "wrong_answers", "malformed", "first_submit_demos",
     "first_answer_correct", "wall_s", "calls", "retries", "errors", "input_tokens",
     "output_tokens", "usd", "model_s", "compute_source")
 
 
 def instances_table(frame: pd.DataFrame, journal: pd.DataFrame) -> pd.DataFrame:
-    """`results/instances.parquet`: one row per finished instance (`measures.instances_frame`)
-    with its compute. Calls, retries, errors, tokens, dollars and model seconds come from the
-    proxy journal of the instance's slot when the cell has one (`compute_source` journal: every
-    call, a harness's own and every retry included), else from the learner's own count
-    (`learner`; retries and errors unknown)."""
-    out = pd.DataFrame({c: frame[c] for c in (*SETTINGS, "slot", "phase", "task", "visit",
-                                               "exposure", "status", "failure_kind", "reason",
-                                               "cost", "share", "solved")})
+    """`results/instances.parquet` of every kind of run: one row per finished instance
+    (`measures.instances_frame`) with its compute; `user` and `round` are a collective
+    instance's, null in a grid cell. Calls, retries, errors, tokens, dollars and model seconds
+    come from the proxy journal of the instance's (user and) slot when the cell has one
+    (`compute_source` journal: every call, a harness's own and every retry included), else from
+    the learner's own count (`learner`; retries and errors unknown)."""
+    out = pd.DataFrame({c: frame[c] for c in (*SETTINGS, "user", "round", "slot", "phase",
+                                               "task", "visit", "exposure", "status",
+                                               "failure_kind", "reason", "cost", "share",
+                                               "solved")})
+    out[["user", "round"]] = out[["user", "round"]].astype("Int64")  # one dtype for both kinds
     out["pairs"] = frame["demos_used"]
     out["wrong_answers"] = frame["attempts_used"]
     for column in ("malformed", "first_submit_demos", "first_answer_correct", "wall_s"):
         out[column] = frame[column]
     journaled = set(journal["cell"]) if len(journal) else set()
-    merged = out[["cell", "slot"]].merge(journal, on=["cell", "slot"], how="left")
+    keys = ["cell", "user", "slot"]
+    merged = out[keys].merge(journal.astype({"user": "Int64"}), on=keys, how="left")
     in_journal = out["cell"].isin(journaled).to_numpy()
 
     def pick(journal_column: str, learner: pd.Series, dtype: str) -> pd.Series:
@@ -224,6 +228,9 @@ def instances_table(frame: pd.DataFrame, journal: pd.DataFrame) -> pd.DataFrame:
     out["usd"] = pick("usd", frame["cost_usd"], "float64")
     out["model_s"] = pick("model_s", frame["model_s"], "float64")
     out["compute_source"] = np.where(in_journal, "journal", "learner")
+    # text stays text when every value is missing (a run with no failure), so the schema is one
+    text = [c for c in INSTANCE_COLUMNS if not _is_number(out[c])]
+    out[text] = out[text].astype("str")
     return out.reset_index(drop=True)[list(INSTANCE_COLUMNS)]
 
 
