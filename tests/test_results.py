@@ -43,12 +43,18 @@ workers: 2
 NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
 
 
+def _ran(folder: Path, grid: str, execute_grid) -> Path:
+    """A run folder `folder`/runs/small of `grid`, run to its end by `execute_grid`."""
+    run = folder / "runs" / "small"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(textwrap.dedent(grid))
+    execute_grid(run, show_progress=False)
+    return run
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("results") / "runs" / "small"
-    (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(textwrap.dedent(GRID))
-    execute(run, show_progress=False)
+    run = _ran(tmp_path_factory.mktemp("results"), GRID, execute)
     write_report(run, seed=0, resamples=2_000)
     return run
 
@@ -249,11 +255,7 @@ COLLECTIVE_USERS, COLLECTIVE_STREAM = 2, 2 * 2
 @pytest.fixture(scope="module")
 def collective_run(tmp_path_factory) -> Path:
     """Two users of two rows on the embedded model, about 15 s."""
-    run = tmp_path_factory.mktemp("collective") / "runs" / "small"
-    (run / "cells").mkdir(parents=True)
-    (run / "grid.yaml").write_text(textwrap.dedent(COLLECTIVE))
-    execute_collective(run, show_progress=False)
-    return run
+    return _ran(tmp_path_factory.mktemp("collective"), COLLECTIVE, execute_collective)
 
 
 def test_compare_pairs_two_collective_runs_user_by_user_on_every_slot(collective_run, tmp_path):
@@ -271,7 +273,8 @@ def test_compare_pairs_two_collective_runs_user_by_user_on_every_slot(collective
     assert table.at[floor, "pairs"] == len(ends)
     assert table.at[floor, "budget_a"] == pytest.approx(np.mean([e.cost / 16 for e in ends.values()]))
     assert table.at[floor, "budget_b"] == pytest.approx(np.mean([cost / 16 for cost in after.values()]))
-    assert table.at[floor, "mean"] == pytest.approx(np.mean([(e.cost - after[k]) / 16 for k, e in ends.items()]))
+    differences = [(e.cost - after[key]) / 16 for key, e in ends.items()]
+    assert table.at[floor, "mean"] == pytest.approx(np.mean(differences))
     demo = "demo-cache-floor-collective.low.workstreams.s5"
     assert (table.at[demo, "pairs"], table.at[demo, "mean"]) == (len(ends), 0)
     out = CliRunner().invoke(app, ["compare", str(collective_run), str(other), "--resamples", "200",

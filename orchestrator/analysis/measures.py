@@ -44,8 +44,8 @@ POWER = 0.8  # the power at which a paired difference's minimum detectable effec
 EXPOSURES = tuple(range(8))
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
-INSTANCE = ("user", "round", "slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason", "cost",
-            "demos_used", "attempts_used", "malformed", "first_submit_demos",
+INSTANCE = ("user", "round", "slot", "phase", "task", "visit", "exposure", "status", "failure_kind",
+            "reason", "cost", "demos_used", "attempts_used", "malformed", "first_submit_demos",
             "first_answer_correct", "wall_s", "model_calls", "prompt_tokens", "completion_tokens",
             "model_s", "cost_usd", "level", "budget")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.

@@ -188,10 +188,10 @@ def _restore(series: pd.Series, dtype: str) -> pd.Series:
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
 INSTANCE_COLUMNS = (
-    *SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason",
-    "cost", "share", "solved", "pairs", "wrong_answers", "malformed", "first_submit_demos",
-    "first_answer_correct", "wall_s", "calls", "retries", "errors", "input_tokens",
-    "output_tokens", "usd", "model_s", "compute_source")
+    *SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status",
+    "failure_kind", "reason", "cost", "share", "solved", "pairs", "wrong_answers", "malformed",
+    "first_submit_demos", "first_answer_correct", "wall_s", "calls", "retries", "errors",
+    "input_tokens", "output_tokens", "usd", "model_s", "compute_source")
 
 
 def instances_table(frame: pd.DataFrame, journal: pd.DataFrame) -> pd.DataFrame:
