@@ -301,16 +301,16 @@ def compare_cmd(run_a: Path, run_b: Path,
     from rich.table import Table
 
     from orchestrator.analysis import results
-    from orchestrator.analysis.compare import compare_runs
+    from orchestrator.analysis.compare import NothingToCompare, compare_runs
     from orchestrator.analysis.report import pct, pct_ci
     from orchestrator.records import RunPaths
     for run in (run_a, run_b):
         if not RunPaths(run).cells.is_dir():
             _fail(f"{run}: not a run directory (no cells/)")
-    table = compare_runs(run_a, run_b, np.random.default_rng(seed), resamples, phase=phase)
-    if table.empty:
-        _fail(f"no cell of {run_a} has a cell of {run_b} with the same learner, row, track, effort, "
-              "order and seed")
+    try:
+        table = compare_runs(run_a, run_b, np.random.default_rng(seed), resamples, phase=phase)
+    except NothingToCompare as exc:
+        _fail(str(exc))
     models = bool((table["model_a"] != table["model_b"]).any())
     shown = Table(title=f"{run_a.name} (A) against {run_b.name} (B), {phase} instances, "
                         "budget share %; A - B in points, negative: A used less")

@@ -97,7 +97,7 @@ def twins(run_dir: Path, notes: list[str]) -> pd.DataFrame | None:
     try:
         cells, events = load_run(run_dir)
         frame = measures.instances_frame(events, cells)
-        if frame.empty:
+        if frame.empty or frame["user"].notna().any():  # a collective run pairs in its own report
             return None
         table = measures.twin_table(frame, measures.TaskResamples(np.random.default_rng(0), measures.RESAMPLES))
     except (OSError, ValueError, KeyError) as exc:

@@ -23,13 +23,11 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.analysis import measures
-from orchestrator.analysis.measures import BUDGET, FLOOR, LEVEL, RESAMPLES, TaskResamples, mean_sums, means
+from orchestrator.analysis.report import load_run
+from orchestrator.analysis.measures import FLOOR, LEVEL, RESAMPLES, TaskResamples, mean_sums, means
 from orchestrator.records import RunPaths
 from orchestrator.rows import MEMORY_ON, row, row_name
 
-SETTINGS = ("cell", "label", "learner", "row", "effort")
-COLUMNS = (*SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status",
-           "failure_kind", "cost", "demos_used", "attempts_used", "model_calls", "wall_s")
 # Lower edges of the collective-exposure bins (meetings of the task by anyone before); last open.
 REACH_EDGES = (0, 1, 4, 16, 64, 256)
 
@@ -39,33 +37,12 @@ def reach_labels(edges: tuple[int, ...] = REACH_EDGES) -> list[str]:
 
 
 def collective_frame(run_dir: Path) -> pd.DataFrame:
-    """One row per finished instance of every user of every row (the later record of a slot
-    ended twice), with `share` = cost / 16 and `solved`."""
-    rows: list[dict[str, Any]] = []
-    for cell in RunPaths(run_dir).cell_folders():
-        if not cell.settings.exists():
-            continue
-        settings = json.loads(cell.settings.read_text())
-        base = {key: settings.get(key) for key in SETTINGS}
-        base["row"] = row_name(base["row"])
-        for user in cell.user_folders():
-            if not user.events.exists():
-                continue
-            ends: dict[int, dict[str, Any]] = {}
-            with open(user.events, encoding="utf-8") as handle:
-                for line in handle:
-                    if '"instance_end"' in line and line.endswith("\n"):
-                        event = json.loads(line)
-                        if event["type"] == "instance_end":
-                            ends[event["slot"]] = event
-            rows += [{**base, **{k: e.get(k) for k in COLUMNS if k not in base}} for e in ends.values()]
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
-    for key in ("user", "round", "slot", "visit", "exposure", "cost", "demos_used", "attempts_used",
-                "model_calls"):
-        df[key] = pd.to_numeric(df[key]).fillna(0).astype("int64")
-    df["wall_s"] = pd.to_numeric(df["wall_s"]).astype("float64")
-    df["share"] = df["cost"] / BUDGET
-    df["solved"] = (df["status"] == "solved").astype(bool)
+    """One row per finished instance of every user of every row (`measures.instances_frame`:
+    the later record of a slot ended twice), with `reach` and `gap` (`with_reach`)."""
+    cells, events = load_run(run_dir, "instance_end")
+    df = measures.instances_frame(events, cells)
+    df["row"] = df["row"].map(row_name)
+    df[["user", "round"]] = df[["user", "round"]].astype("int64")  # every collective instance has both
     return with_reach(df)
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 import yaml
 
-from orchestrator.analysis import collective, report_html, results
+from orchestrator.analysis import collective, journal_summary, report_html, results
 from orchestrator.analysis.measures import LEVEL, RESAMPLES
 from orchestrator.analysis.report import (HOW_TO_READ, SUMMARY, _how_to_read, _table, _title, _write,
                                           display_frame, pct, pct_ci)
@@ -65,8 +65,9 @@ SIGNED = {"mean", "second_minus_first", "mean_bound", "mean_mde"}
 
 def write_collective_results(run_dir: Path, seed: int = 0, resamples: int = RESAMPLES
                              ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """Write results/instances.parquet and results/measures.parquet; return the instances and
-    the tables as read back from the latter."""
+    """Write results/instances.parquet (the schema of every run, `results.instances_table`) and
+    results/measures.parquet; return the instances and the tables as read back from the
+    latter."""
     paths = RunPaths(run_dir)
     frame = collective.collective_frame(run_dir)
     tables = collective.collective_tables(frame, seed, resamples)
@@ -76,8 +77,8 @@ def write_collective_results(run_dir: Path, seed: int = 0, resamples: int = RESA
                                     "collective_paired": {"mean": ("lo", "hi")}})
     layout["run"] = {"run": Path(run_dir).resolve().name, "grid": stored_grid(run_dir).get("name"), "seed": seed,
                      "resamples": resamples, "level": LEVEL}
-    results.write_instances(paths.results / results.INSTANCES, frame.astype(
-        {"reach_bin": str, "gap_bin": str}) if "reach_bin" in frame else frame)
+    results.write_instances(paths.results / results.INSTANCES,
+                            results.instances_table(frame, journal_summary.run_compute(run_dir)[1]))
     results.write_measures(paths.results / results.MEASURES, long, layout)
     return frame, results.read_tables(paths.results / results.MEASURES)
 

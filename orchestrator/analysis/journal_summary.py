@@ -29,13 +29,13 @@ INTRO = ("Every model call as the journaling proxy recorded it: calls, retries (
          "instance: dollars, wall time, time spent in model calls (journal latencies of the "
          "instance's slot), and the rest: what the learner or harness itself costs (overhead).")
 RETRIED = frozenset({408, 409, 429})  # and every 5xx, and no answer
-FRAME = ["cell", "slot", "phase", "t_start", "status", "refused", "probe", "error", "retryable",
+FRAME = ["cell", "user", "slot", "phase", "t_start", "status", "refused", "probe", "error", "retryable",
          "retry", "priced", "prompt_tokens", "completion_tokens", "cost_usd", "latency_s"]
 COMPUTE = ["cell", "calls", "retries", "errors", "refused", "probes", "after_verdict",
            "prompt_tokens", "completion_tokens", "usd", "unpriced", "latency_p50_s",
            "latency_p99_s", "usd_per_instance", "wall_s_per_instance", "model_s_per_instance",
            "overhead_s_per_instance"]
-INSTANCE = ["cell", "slot", "calls", "retries", "errors", "prompt_tokens", "completion_tokens",
+INSTANCE = ["cell", "user", "slot", "calls", "retries", "errors", "prompt_tokens", "completion_tokens",
             "usd", "model_s"]
 
 
@@ -50,7 +50,7 @@ def journal_frame(run_dir: Path) -> pd.DataFrame:
             probe = entry.method == "GET" and entry.status == 404  # a harness probing for endpoints
             failed = entry.error is not None or entry.status is None or entry.status >= 400
             rows.append({
-                "cell": cell_dir.name, "slot": entry.slot, "phase": entry.phase,
+                "cell": cell_dir.name, "user": entry.user, "slot": entry.slot, "phase": entry.phase,
                 "t_start": entry.t_start, "status": entry.status, "refused": entry.refused,
                 "probe": probe, "error": failed and not probe and not entry.refused,
                 "retryable": not entry.refused and (entry.status is None or entry.status in RETRIED
@@ -62,9 +62,11 @@ def journal_frame(run_dir: Path) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=FRAME)
     if frame.empty:
         return frame
-    frame["slot"] = frame["slot"].astype("Int64")
+    frame[["user", "slot"]] = frame[["user", "slot"]].astype("Int64")
     frame = frame.sort_values(["cell", "t_start"], kind="stable").reset_index(drop=True)
-    previous = frame.groupby(["cell", frame["slot"].fillna(-1)], sort=False)["retryable"].shift(1)
+    # one instance is one (user, slot): a collective row's proxy serves every user of the row
+    previous = frame.groupby(["cell", frame["user"].fillna(-1), frame["slot"].fillna(-1)],
+                             sort=False)["retryable"].shift(1)
     frame["retry"] = previous.fillna(False).astype(bool).to_numpy()
     return frame
 
@@ -78,12 +80,13 @@ def instance_walls(run_dir: Path, cell: str) -> dict[int, float]:
 
 
 def instance_compute(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (cell, slot) of the journal: calls (refusals and probes left out), retries, errors,
-    tokens, dollars and model seconds. Calls between instances have no slot and are left out."""
+    """Per (cell, user, slot) of the journal (user null in a grid cell): calls (refusals and
+    probes left out), retries, errors, tokens, dollars and model seconds. Calls between
+    instances have no slot and are left out."""
     calls = frame[~frame["refused"] & ~frame["probe"] & frame["slot"].notna()]
     if calls.empty:
         return pd.DataFrame(columns=INSTANCE)
-    g = calls.groupby(["cell", "slot"], sort=False)
+    g = calls.groupby(["cell", "user", "slot"], sort=False, dropna=False)
     out = pd.DataFrame({"calls": g.size(), "retries": g["retry"].sum(), "errors": g["error"].sum(),
                         "prompt_tokens": g["prompt_tokens"].sum(),
                         "completion_tokens": g["completion_tokens"].sum(),

@@ -44,8 +44,8 @@ POWER = 0.8  # the power at which a paired difference's minimum detectable effec
 EXPOSURES = tuple(range(8))
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
-INSTANCE = ("slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason", "cost",
-            "demos_used", "attempts_used", "malformed", "first_submit_demos",
+INSTANCE = ("user", "round", "slot", "phase", "task", "visit", "exposure", "status", "failure_kind",
+            "reason", "cost", "demos_used", "attempts_used", "malformed", "first_submit_demos",
             "first_answer_correct", "wall_s", "model_calls", "prompt_tokens", "completion_tokens",
             "model_s", "cost_usd", "level", "budget")
 # Cells that share these settings (and the seed's stream) are served the identical schedule.
@@ -98,14 +98,16 @@ def cell_label(settings: Mapping[str, Any]) -> str:
 def instances_frame(events_by_cell: Mapping[str, Sequence[Event]],
                     cells: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """One row per finished instance (one with an `instance_end`): the cell's settings, the
-    instance's record, `share` (= cost / 16) and `solved`. Unfinished instances are left out."""
+    instance's record, `share` (= cost / 16) and `solved`. Unfinished instances are left out.
+    `user` and `round` are a collective cell's (null in a grid cell, whose one stream is the
+    cell's)."""
     rows = []
     for cell_id, events in events_by_cell.items():
         settings = dict(cells.get(cell_id, {}))
         base = {key: settings.get(key) for key in SETTINGS}
         base["cell"], base["label"] = cell_id, cell_label(settings)
-        # a slot has one instance_end; should a log hold two, the later one is the record
-        ends = {e.slot: e for e in events if e.type == "instance_end"}
+        # a user's slot has one instance_end; should a log hold two, the later one is the record
+        ends = {(e.user, e.slot): e for e in events if e.type == "instance_end"}
         rows += [{**base, **{key: getattr(e, key) for key in INSTANCE}} for e in ends.values()]
     df = pd.DataFrame(rows, columns=[*SETTINGS, *INSTANCE])
     for key in ("slot", "visit", "exposure", *_COUNTS):
@@ -115,7 +117,8 @@ def instances_frame(events_by_cell: Mapping[str, Sequence[Event]],
     df["first_answer_correct"] = df["first_answer_correct"].astype("boolean")
     # an instance's own full charge (arc3: 5 x the level's baseline), else the grid tracks' 16
     df["budget"] = pd.to_numeric(df["budget"]).fillna(BUDGET).astype("int64")
-    df["level"] = pd.to_numeric(df["level"]).astype("Int64")
+    for key in ("level", "user", "round"):
+        df[key] = pd.to_numeric(df[key]).astype("Int64")
     df["share"] = df["cost"] / df["budget"]
     df["solved"] = (df["status"] == "solved").astype(bool)
     return df

@@ -21,7 +21,7 @@ import yaml
 from orchestrator.analysis import (journal_summary, labels_served, measures, plots, report_html,
                                    results, tables)
 from orchestrator.analysis.summary import summary_lines
-from orchestrator.records import Event, RunPaths, read_events
+from orchestrator.records import Event, EventType, RunPaths, read_events
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
 LADDER_ORDER = ("stateless-floor", "demo-cache-floor", "program-library", "program-library-wiped")
@@ -30,9 +30,11 @@ DASH = "–"
 INFRASTRUCTURE = "Infrastructure faults (not charged)"
 
 
-def load_run(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[Event]]]:
-    """Every cell's settings (`cell.json`) and events (`events.jsonl`), keyed by cell id, in
-    report order."""
+def load_run(run_dir: Path, kind: EventType | None = None
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Event]]]:
+    """Every cell's settings (`cell.json`) and events, keyed by cell id, in report order: a
+    grid cell's `events.jsonl`, a collective cell's every user's (`users/<user>/events.jsonl`;
+    its events carry the user and round). Only the events of type `kind` when given."""
     cells: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
     for folder in RunPaths(run_dir).cell_folders():
@@ -46,7 +48,8 @@ def load_run(run_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[E
             raise ValueError(f"{meta}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
         cell_id = str(settings.get("cell") or folder.name)
         cells[cell_id] = settings
-        events[cell_id] = read_events(folder.events)
+        events[cell_id] = [*read_events(folder.events, kind),
+                           *(e for user in folder.user_folders() for e in read_events(user.events, kind))]
     order = sorted(cells, key=lambda c: _cell_sort_key(cells[c]))
     return {c: cells[c] for c in order}, {c: events[c] for c in order}
 

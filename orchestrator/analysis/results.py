@@ -15,6 +15,7 @@ Pure apart from the two file functions at the end; nothing here computes a measu
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -187,27 +188,31 @@ def _restore(series: pd.Series, dtype: str) -> pd.Series:
 
 SETTINGS = ("cell", "label", "learner", "row", "model", "effort", "order", "seed", "track")
 INSTANCE_COLUMNS = (
-    *SETTINGS, "slot", "phase", "task", "visit", "exposure", "status", "failure_kind", "reason",
-    "cost", "share", "solved", "pairs", "wrong_answers", "malformed", "first_submit_demos",
-    "first_answer_correct", "wall_s", "calls", "retries", "errors", "input_tokens",
-    "output_tokens", "usd", "model_s", "compute_source")
+    *SETTINGS, "user", "round", "slot", "phase", "task", "visit", "exposure", "status",
+    "failure_kind", "reason", "cost", "share", "solved", "pairs", "wrong_answers", "malformed",
+    "first_submit_demos", "first_answer_correct", "wall_s", "calls", "retries", "errors",
+    "input_tokens", "output_tokens", "usd", "model_s", "compute_source")
 
 
 def instances_table(frame: pd.DataFrame, journal: pd.DataFrame) -> pd.DataFrame:
-    """`results/instances.parquet`: one row per finished instance (`measures.instances_frame`)
-    with its compute. Calls, retries, errors, tokens, dollars and model seconds come from the
-    proxy journal of the instance's slot when the cell has one (`compute_source` journal: every
-    call, a harness's own and every retry included), else from the learner's own count
-    (`learner`; retries and errors unknown)."""
-    out = pd.DataFrame({c: frame[c] for c in (*SETTINGS, "slot", "phase", "task", "visit",
-                                               "exposure", "status", "failure_kind", "reason",
-                                               "cost", "share", "solved")})
+    """`results/instances.parquet` of every kind of run: one row per finished instance
+    (`measures.instances_frame`) with its compute; `user` and `round` are a collective
+    instance's, null in a grid cell. Calls, retries, errors, tokens, dollars and model seconds
+    come from the proxy journal of the instance's (user and) slot when the cell has one
+    (`compute_source` journal: every call, a harness's own and every retry included), else from
+    the learner's own count (`learner`; retries and errors unknown)."""
+    out = pd.DataFrame({c: frame[c] for c in (*SETTINGS, "user", "round", "slot", "phase",
+                                               "task", "visit", "exposure", "status",
+                                               "failure_kind", "reason", "cost", "share",
+                                               "solved")})
+    out[["user", "round"]] = out[["user", "round"]].astype("Int64")  # one dtype for both kinds
     out["pairs"] = frame["demos_used"]
     out["wrong_answers"] = frame["attempts_used"]
     for column in ("malformed", "first_submit_demos", "first_answer_correct", "wall_s"):
         out[column] = frame[column]
     journaled = set(journal["cell"]) if len(journal) else set()
-    merged = out[["cell", "slot"]].merge(journal, on=["cell", "slot"], how="left")
+    keys = ["cell", "user", "slot"]
+    merged = out[keys].merge(journal.astype({"user": "Int64"}), on=keys, how="left")
     in_journal = out["cell"].isin(journaled).to_numpy()
 
     def pick(journal_column: str, learner: pd.Series, dtype: str) -> pd.Series:
@@ -223,6 +228,9 @@ def instances_table(frame: pd.DataFrame, journal: pd.DataFrame) -> pd.DataFrame:
     out["usd"] = pick("usd", frame["cost_usd"], "float64")
     out["model_s"] = pick("model_s", frame["model_s"], "float64")
     out["compute_source"] = np.where(in_journal, "journal", "learner")
+    # text stays text when every value is missing (a run with no failure), so the schema is one
+    text = [c for c in INSTANCE_COLUMNS if not _is_number(out[c])]
+    out[text] = out[text].astype("str")
     return out.reset_index(drop=True)[list(INSTANCE_COLUMNS)]
 
 
@@ -272,7 +280,24 @@ def write_frame(frame: pd.DataFrame, path: Path) -> None:
     elif path.suffix == ".csv":
         frame.to_csv(path, index=False)
     else:
-        frame.to_json(path, orient="records", indent=1)
+        path.write_text(json_records(frame), encoding="utf-8")
+
+
+def json_records(frame: pd.DataFrame) -> str:
+    """A table as a JSON list of records whose numbers read back exactly: the stdlib encoder
+    writes the shortest text that round-trips a double (pandas' `to_json` keeps 10 digits,
+    15 at most). A missing or infinite value, which JSON cannot carry, is null."""
+    records = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    return json.dumps([{str(k): None if isinstance(v, float) and not math.isfinite(v) else v
+                        for k, v in record.items()} for record in records],
+                      indent=1, allow_nan=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} has no JSON form; give the column numbers, "
+                    "text or booleans, or write .parquet")
 
 
 def export(folder: Path, target: Path, format: str) -> list[Path]:
