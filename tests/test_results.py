@@ -233,6 +233,7 @@ def test_compare_refuses_to_pair_slots_that_serve_different_instances(run, tmp_p
     assert pd.isna(table.at["demo-cache-floor.low.workstreams.s2", "problem"])
 
 
+@pytest.mark.slow
 def test_compare_fails_when_no_finished_slot_of_one_run_is_finished_in_the_other(run, tmp_path):
     early, late = tmp_path / "early", tmp_path / "late"
     for copy, keep in ((early, lambda slot: slot < 3), (late, lambda slot: slot >= 3)):
@@ -264,6 +265,7 @@ def collective_run(tmp_path_factory) -> Path:
     return _ran(tmp_path_factory.mktemp("collective"), COLLECTIVE, execute_collective)
 
 
+@pytest.mark.slow
 def test_compare_pairs_two_collective_runs_user_by_user_on_every_slot(collective_run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(collective_run, other)
@@ -290,6 +292,7 @@ def test_compare_pairs_two_collective_runs_user_by_user_on_every_slot(collective
     assert [r["pairs"] for r in json.loads((tmp_path / "cmp.json").read_text())] == [len(ends)] * 2
 
 
+@pytest.mark.slow
 def test_compare_fails_naming_the_run_that_has_no_finished_instance(collective_run, tmp_path):
     empty = tmp_path / "empty"
     shutil.copytree(collective_run, empty)
@@ -301,6 +304,7 @@ def test_compare_fails_naming_the_run_that_has_no_finished_instance(collective_r
     assert f"{empty}: no finished stream instance in any of its 2 cells" in " ".join(out.output.split())
 
 
+@pytest.mark.slow
 def test_a_collective_runs_instances_have_the_grids_columns_plus_user_and_round(run, collective_run):
     out = CliRunner().invoke(app, ["results", str(collective_run), "--resamples", "200"])
     assert out.exit_code == 0, out.output
