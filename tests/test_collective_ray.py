@@ -45,6 +45,7 @@ learners:
 workers: 2
 """
 USERS, SLOTS, ROUNDS = 2, 4, 2
+RUN_MARK = "CARC_TEST_RUN_MARK"  # in the environment of what one test's run started
 LOST = "program-library-collective.low.sequential.s4/users/u0001"
 
 
@@ -55,9 +56,16 @@ def make_run(root: Path, name: str) -> Path:
     return run
 
 
-def test_a_user_whose_node_is_lost_mid_round_resumes_once_and_the_run_ends_as_the_local_run(tmp_path, cluster):
-    reference = make_run(tmp_path, "collective-local")
-    execute_collective(reference, show_progress=False)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The grid run uninterrupted on the local executor: what every Ray run here must end as."""
+    run = make_run(tmp_path_factory.mktemp("collective-ray"), "collective-local")
+    execute_collective(run, show_progress=False)
+    return run
+
+
+def test_a_user_whose_node_is_lost_mid_round_resumes_once_and_the_run_ends_as_the_local_run(
+        tmp_path, cluster, reference):
     run = make_run(tmp_path, "collective-ray")
     # inside the first instance of round 1, with one more to go in the task: twice on CI a user
     # caught in the last (kept-program, ~40 ms) instance of round 0 ended its round untouched
@@ -128,7 +136,24 @@ def test_a_users_attempt_that_a_newer_attempt_replaced_writes_no_record(tmp_path
     assert not user.events.exists() or read_events(user.events) == []
 
 
-def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_the_same_end(tmp_path):
+def started(mark: str) -> list[str]:
+    """Ray's raylets and GCS servers and carc's model servers that a test's run started (they
+    carry its mark in their environment), whatever else runs on the machine."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline", "environ"]):  # read at once: it may end
+        command = " ".join(proc.info["cmdline"] or ())
+        if (proc.info["environ"] or {}).get(RUN_MARK) == mark:
+            if proc.info["name"] in ("raylet", "gcs_server"):
+                found.append(proc.info["name"])
+            elif "model serve" in command:
+                found.append("model serve")
+    return found
+
+
+def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_the_same_end(
+        tmp_path, reference):
     """SIGINT to the driver's process group mid-round (Ray started by the driver on this
     machine): the run stops at once, Ray's tasks are cancelled and no container, network or
     volume of the run, no raylet and no model server is left; the records are the executor's
@@ -140,20 +165,20 @@ def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_
     import sys
     import time
 
-    import psutil
-
-    reference = make_run(tmp_path, "collective-local")
-    execute_collective(reference, show_progress=False)
     run = make_run(tmp_path, "collective-ray-interrupted")
-    before = {p.pid for p in psutil.process_iter()}
+    # What this run starts inherits this mark: another carc run on the machine is not a leftover
+    mark = f"{run}-{os.getpid()}"
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
                                "--executor", "ray", "--workers", "2", "--no-report"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, RUN_MARK: mark})
     try:
         deadline = time.monotonic() + 300
         while len(outcomes(run)) < 3:
             assert driver.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"
             time.sleep(0.05)
+        # the mark reaches what the run started (else no leftover could be seen below)
+        assert {"raylet", "gcs_server", "model serve"} <= set(started(mark))
         os.killpg(driver.pid, signal.SIGINT)
         assert driver.wait(timeout=120) == 130
     finally:
@@ -163,12 +188,7 @@ def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_
     assert 0 < len(stopped) < 2 * USERS * SLOTS
     assert _run_labelled(run.name) == []
     time.sleep(2)  # the model servers' and Ray's processes end with their parents
-    left = []
-    for proc in psutil.process_iter(["pid", "name", "cmdline"]):  # read at once: a process may end meanwhile
-        if proc.info["pid"] not in before and (proc.info["name"] in ("raylet", "gcs_server")
-                                               or "model serve" in " ".join(proc.info["cmdline"] or ())):
-            left.append(proc.info["name"])
-    assert left == []
+    assert started(mark) == []
     resumed = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
                               "--no-report"], capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]

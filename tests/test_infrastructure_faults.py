@@ -54,6 +54,19 @@ def run(tmp_path: Path, name: str, url: str, learner: str, engine: str, timeout:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def clean_floor(tmp_path_factory) -> tuple[Path, int]:
+    """The stateless floor's run without a fault (host proxy, 5 s model timeout) and the calls it
+    made: what every faulted floor run here must equal, run once for them all."""
+    SolverEndpoint.arm(None)
+    url, server = serve()
+    try:
+        run_dir = run(tmp_path_factory.mktemp("clean"), "clean", url, "stateless-floor", "process", timeout=5)
+        return run_dir, SolverEndpoint.calls
+    finally:
+        server.shutdown()
+
+
 def events(run_dir: Path) -> list:
     [cell] = (run_dir / "cells").iterdir()
     return read_events(cell / "events.jsonl")
@@ -83,9 +96,14 @@ def kill_program_sandbox(run_dir: Path):
     pytest.param("program-library", "docker", kill_program_sandbox, marks=pytest.mark.docker),
 ])
 def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_uninterrupted_one(
-        tmp_path, endpoint, learner, engine, killer):
-    clean = verdicts(run(tmp_path, "clean", endpoint, learner, engine))
-    SolverEndpoint.arm(SolverEndpoint.calls // 2, killer(tmp_path / "runs" / "faulted"))  # mid-run
+        tmp_path, endpoint, learner, engine, killer, request):
+    if learner == "stateless-floor":
+        clean_dir, calls = request.getfixturevalue("clean_floor")
+    else:
+        clean_dir = run(tmp_path, "clean", endpoint, learner, engine)
+        calls = SolverEndpoint.calls
+    clean = verdicts(clean_dir)
+    SolverEndpoint.arm(calls // 2, killer(tmp_path / "runs" / "faulted"))  # mid-run
     run_dir = run(tmp_path, "faulted", endpoint, learner, engine)
     faulted = events(run_dir)
     assert Counter(e.type for e in faulted)["infrastructure_fault"] == 1
@@ -97,13 +115,14 @@ def test_a_component_killed_mid_instance_charges_nothing_and_the_run_equals_an_u
 
 
 @pytest.mark.parametrize("fault", ["429-retry-after", "500", "reset", "truncated", "hang"])
-def test_a_provider_failing_one_call_is_retried_journaled_and_changes_no_verdict(tmp_path, endpoint, fault):
+def test_a_provider_failing_one_call_is_retried_journaled_and_changes_no_verdict(
+        tmp_path, endpoint, clean_floor, fault):
     """Through the real host proxy: the failed attempt is a journal line of its own (an error
     status, or the error that ended it), the ladder client's retry gets the answer, and the run's
     verdicts equal a run without the fault (a hang outlasts the grid's 5 s model timeout)."""
-    clean_dir = run(tmp_path, "clean", endpoint, "stateless-floor", "process", timeout=5)
+    clean_dir, calls = clean_floor
     clean = verdicts(clean_dir)
-    SolverEndpoint.arm(SolverEndpoint.calls // 2, fault)
+    SolverEndpoint.arm(calls // 2, fault)
     run_dir = run(tmp_path, "faulted", endpoint, "stateless-floor", "process", timeout=5)
     assert verdicts(run_dir) == clean
     [journal] = (run_dir / "cells").glob("*/journal/journal.jsonl")
