@@ -239,8 +239,13 @@ def status_cmd(run: Path, json_out: bool = typer.Option(False, "--json", help="m
         pass
 
 
-def _status_table(status) -> "Table":
+def _status_table(status) -> "Group":
+    """The run's line, one line per cell (names cut to the parts that differ between cells; the
+    parts all share are said once), then each failed cell's reason: fits an 80-column terminal."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     from orchestrator.analysis.report import pct
 
@@ -254,17 +259,37 @@ def _status_table(status) -> "Table":
     rate = f"{status.rate_per_hour:,.0f} instances/h" if status.rate_per_hour else "no rate yet"
     finish = (f"finish in about {duration(status.eta_s)}" if status.eta_s is not None
               else "no run process alive" if not status.process_alive else "finish: not yet estimable")
-    table = Table(title=f"run {status.run}: {counts}; {status.finished:,}/{status.total:,} instances, "
-                        f"${status.usd:,.4f}; {rate}; {finish}", title_justify="left")
+    names, shared = short_cell_names([c.cell for c in status.cells])
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0, title_justify="left",
+                  title=f"run {status.run}: {counts}; {status.finished:,}/{status.total:,} instances, "
+                        f"${status.usd:,.4f}; {rate}; {finish}"
+                        + (f"\ncells: <name>.{shared}" if shared else ""))
     table.add_column("cell", overflow="fold")
-    for column in ("state", "instances", "budget %", "solved %", "USD", "s/instance"):
+    for column in ("state", "done", "budget", "solved", "USD", "s/inst"):
         table.add_column(column, justify="left" if column == "state" else "right", no_wrap=True)
-    for c in status.cells:
-        table.add_row(c.cell, c.state if not c.failure else f"failed: {c.failure[:60]}",
-                      f"{c.finished}/{c.total}", pct(c.budget) if c.budget is not None else "–",
+    for name, c in zip(names, status.cells):
+        table.add_row(name, c.state, f"{c.finished}/{c.total}",
+                      pct(c.budget) if c.budget is not None else "–",
                       pct(c.solved) if c.solved is not None else "–", f"{c.usd:,.4f}",
                       f"{c.seconds_per_instance:.1f}" if c.seconds_per_instance is not None else "–")
-    return table
+    failures = [Text(f"{name}: {c.failure}", overflow="fold")
+                for name, c in zip(names, status.cells) if c.failure]
+    return Group(table, *([Text("why the failed cells failed:")] + failures if failures else []))
+
+
+def short_cell_names(cells: list[str]) -> tuple[list[str], str]:
+    """Cell names without the dot-separated parts every cell has in the same place (a grid's one
+    effort, order and seed), and those parts joined: `hermes-agent.low.sequential.s2` and
+    `openclaw.low.sequential.s2` are `hermes-agent` and `openclaw`, with `low.sequential.s2`."""
+    split = [name.split(".") for name in cells]
+    if len(cells) < 2 or len({len(parts) for parts in split}) != 1:
+        return list(cells), ""
+    same = [len({parts[i] for parts in split}) == 1 for i in range(len(split[0]))]
+    if all(same):
+        return list(cells), ""
+    names = [".".join(part for part, common in zip(parts, same) if not common) for parts in split]
+    shared = [part if common else "*" for part, common in zip(split[0], same)]
+    return names, ".".join(shared[1:]) if shared[0] == "*" and shared.count("*") == 1 else ".".join(shared)
 
 
 @app.command("results")

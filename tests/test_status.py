@@ -111,3 +111,36 @@ def test_a_killed_run_shows_its_begun_cells_as_interrupted(tmp_path):
     assert begun and all(states[c] == "interrupted" for c in begun)
     assert set(states.values()) <= {"interrupted", "waiting", "done"}
     assert status.eta_s is None
+
+
+def test_the_status_table_fits_80_columns_with_one_line_per_cell_and_every_failure_whole():
+    """In an 80-column terminal a harness grid's cell names (learner-row, the effort, order and
+    seed said once above) stay on one line each, and a failed cell's reason is printed whole
+    below the table (it used to squeeze the cell column out of the table)."""
+    from rich.console import Console
+
+    from orchestrator.cli import _status_table, short_cell_names
+    from orchestrator.run.status import CellStatus, RunStatus
+
+    rows = ["hermes-agent", "hermes-agent-memory-off", "hermes-agent-program-procedure",
+            "openclaw-asked-to-store", "prime-agent-memory-off", "demo-cache-floor"]
+    reason = "the sandbox container carc-a690cda827-hermes-agent.low.sequential.s2-sandbox exited " * 2
+    cells = [CellStatus(f"{row}.low.sequential.s2", state, 12, 1600, 0.453, 0.6, 12.3456, 33.2,
+                        reason if state == "failed" else None)
+             for row, state in zip(rows, ["running", "done", "failed", "waiting", "interrupted", "stopped"])]
+    status = RunStatus("20261207T120000Z-offline-demo-harnesses", cells, True, 0.0, 72, 9600,
+                       74.07, 120.0, 3600.0)
+    console = Console(width=80, record=True)
+    console.print(_status_table(status))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    for row, cell in zip(rows, cells):
+        [line] = [line for line in lines if line.split(" ")[0] == row]
+        assert cell.state in line and "12/1600" in line and "12.3456" in line
+    assert "cells: <name>.low.sequential.s2" in text
+    assert " ".join(reason.split()) in " ".join(" ".join(lines).split())
+    # the parts that differ are kept, wherever they are; names of different shapes are left whole
+    assert short_cell_names(["a.low.s1", "a.high.s1"]) == (["low", "high"], "a.*.s1")
+    assert short_cell_names(["a.low.s1", "b.low.s2"]) == (["a.s1", "b.s2"], "*.low.*")
+    assert short_cell_names(["a.low.s1", "b.low"]) == (["a.low.s1", "b.low"], "")
