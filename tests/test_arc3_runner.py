@@ -4,16 +4,19 @@ runner drives the real engine container in tests/test_arc3_engine.py."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.analysis.report import load_run
 from orchestrator.analysis.measures import instances_frame
-from orchestrator.records import read_events, standing
-from orchestrator.run.arc3_runner import Arc3CellRunner, ReplayMismatch
+from orchestrator.records import CellFence, CellPaths, read_events, standing
+from orchestrator.run.arc3_runner import Arc3CellRunner
 from orchestrator.run.grid_config import GridFileError, load_grid
+from orchestrator.run.slot_driver import ReplayMismatch
 from tests.arc3_fake import FakeGame
 
 GRID = """\
@@ -249,3 +252,28 @@ def test_a_cell_stops_at_its_dollar_cap_before_a_level_and_continues_when_raised
         grid = load_grid(run_grid_path(run))
         assert Arc3CellRunner(grid, cell, folder, env_factory=FakeGame, model_base_url=urls[0]).run() == "done"
     assert [e.slot for e in ends(folder)] == [0, 1, 2]
+
+
+def test_a_fenced_retry_waits_for_the_stale_attempt_that_still_holds_the_cells_lock(grid_path, tmp_path,
+                                                                                   monkeypatch):
+    """Ray's retry of an arc3 cell (a fenced attempt) finds the attempt it replaced still holding
+    the cell's lock, until that one's next record is refused: it waits for it, as a grid cell's
+    retry does, instead of failing after the local pool's 30 polls (3 s). The stale attempt lets
+    go at the 45th poll; the polls are counted, never slept."""
+    grid = load_grid(grid_path)
+    cell = grid.cells()[0]
+    folder = tmp_path / "run" / "cells" / cell.cell
+    CellFence.take(folder, "the attempt on the lost node")
+    retry = CellFence.take(folder, "Ray's retry")
+    stale = open(CellPaths(folder).lock, "w")
+    fcntl.flock(stale, fcntl.LOCK_EX)
+    polls: list[float] = []
+
+    def poll(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 45:
+            stale.close()  # the stale attempt's record was refused: it ends, its lock with it
+
+    monkeypatch.setattr(time, "sleep", poll)
+    assert Arc3CellRunner(grid, cell, folder, env_factory=FakeGame, fence=retry).run() == "done"
+    assert polls[:45] == [0.1] * 45 and len(ends(folder)) == 6

@@ -24,9 +24,11 @@ from harness_adapters.harness import FailureKind, HarnessError
 from harness_adapters.program_check import local_executor
 from orchestrator.records import CellPaths, read_events, standing
 from orchestrator.run import runner as runner_module
+from orchestrator.run import slot_driver
 from orchestrator.run.cell_services import CellServices, HostStateDir
 from orchestrator.run.grid_config import load_grid
-from orchestrator.run.runner import CellRunner, InfrastructureFault
+from orchestrator.run.runner import CellRunner
+from orchestrator.run.slot_driver import InfrastructureFault
 from orchestrator.run.schedule import build_schedule
 
 GRID = """\
@@ -204,7 +206,7 @@ def test_resume_after_a_fault_starts_the_instance_afresh_and_never_replays_its_e
     """The services cannot be restarted (no restarts left): the run stops at the fault. Resumed,
     the faulted instance starts from its start (instance_start, step 1), the steps before the
     fault are not replayed to the learner nor counted, and the run ends as a clean one."""
-    monkeypatch.setattr(runner_module, "INFRASTRUCTURE_RESTARTS", 0)
+    monkeypatch.setattr(slot_driver, "INFRASTRUCTURE_RESTARTS", 0)
     proxy = Proxy(dies_at=5)
     grid, cell, cell_dir = setup(tmp_path / "faulted", monkeypatch, proxy, when_dead="raises")
     with pytest.raises(InfrastructureFault, match="stopped after 0 restarts"):

@@ -6,6 +6,8 @@ the wall-clock test drives the real runner with a learner that takes as long as 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -14,10 +16,11 @@ import pytest
 import yaml
 
 from harness_adapters.base import Learner, Turn
-from orchestrator.records import CellPaths, CellRecord, RunPaths, SandboxRecord, read_events
+from orchestrator.records import RECORDS_FORMAT, CellPaths, CellRecord, Event, RunPaths, SandboxRecord, read_events
 from orchestrator.run import grid_run
 from orchestrator.run.grid_config import GridFileError, load_grid
 from orchestrator.run.runner import CellRunner
+from orchestrator.run.schedule import build_schedule
 
 WORDING = "system: |\n  You solve ARC puzzles; answer with one JSON action. (our own wording)\n"
 GRID = """\
@@ -118,20 +121,24 @@ class SlowLearner(Learner):
         pass
 
 
-@pytest.mark.slow
-def test_the_wall_clock_reaches_the_learner_so_a_slow_turn_ends_at_the_limit(tmp_path, monkeypatch):
+def one_instance_grid(tmp_path: Path, name: str, extra: str = ""):
+    """A grid of one stateless-floor cell with one instance, host processes, no proxy."""
     grid_path = tmp_path / "grid.yaml"
-    grid_path.write_text(textwrap.dedent("""\
-        name: clock
-        track: {name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}
+    grid_path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        track: {{name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}}
         orders: [sequential]
         efforts: [low]
         learners: [stateless-floor]
-        sandbox: {engine: process}
-        proxy: {journal: false}
-        limits: {wall_clock_s: 2}
-        """))
-    grid = load_grid(grid_path)
+        sandbox: {{engine: process}}
+        proxy: {{journal: false}}
+        """) + extra)
+    return load_grid(grid_path)
+
+
+@pytest.mark.slow
+def test_the_wall_clock_reaches_the_learner_so_a_slow_turn_ends_at_the_limit(tmp_path, monkeypatch):
+    grid = one_instance_grid(tmp_path, "clock", "limits: {wall_clock_s: 2}\n")
     monkeypatch.setattr("orchestrator.run.runner.ladder_learner", lambda cell, state_dir, *a: SlowLearner(state_dir, None))
     cell_dir = tmp_path / "runs" / "clock" / "cells" / grid.cells()[0].cell
     CellRunner(grid, grid.cells()[0], cell_dir, "http://127.0.0.1:9/v1").run()
@@ -221,3 +228,53 @@ def test_a_sparse_file_of_a_host_state_comes_back_sparse(tmp_path):
         back.seek((5 << 20) - 1)
         assert back.read(10_002) == b"\0" + b"x" * 10_000 + b"\0"
     assert (state.path / "notes.txt").read_text() == "kept"
+
+
+# A resume in its own interpreter: the learner asks for demonstrations, and the outcome says why it ended.
+RESUME_UNDER_O = """\
+import sys
+from pathlib import Path
+from harness_adapters.base import Learner, Turn
+from orchestrator.run import runner
+from orchestrator.run.grid_config import load_grid
+
+class AsksForDemos(Learner):
+    name = "asks"
+    def begin(self, view):
+        pass
+    def act(self):
+        return Turn(text='{"action": "request_demos"}')
+    def observe(self, outcome, attempts_used, demos_used):
+        pass
+
+runner.ladder_learner = lambda cell, state_dir, *a: AsksForDemos(state_dir, None)
+grid = load_grid(sys.argv[1])
+try:
+    runner.CellRunner(grid, grid.cells()[0], Path(sys.argv[2]), "http://127.0.0.1:9/v1").run()
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+    sys.exit(3)
+print("resumed to the end")
+"""
+
+
+def test_a_resumed_instance_whose_logged_step_the_protocol_answers_otherwise_raises_replay_mismatch_under_python_O(
+        tmp_path):
+    """The records say the learner's request for demonstrations was answered "correct"; replayed,
+    the protocol answers "demo". The resume stops with a ReplayMismatch that names the records,
+    also under `python -O`, which strips an assert (the check must not be one)."""
+    grid = one_instance_grid(tmp_path, "replay")
+    [slot] = build_schedule(grid, grid.cells()[0])
+    cell_dir = tmp_path / "runs" / "replay" / "cells" / grid.cells()[0].cell
+    cell_dir.mkdir(parents=True)
+    where = dict(cell=grid.cells()[0].cell, slot=slot.index, phase=slot.phase, task=slot.task_id,
+                 visit=slot.visit, exposure=slot.exposure, t=time.time())
+    CellPaths(cell_dir).events.write_text(
+        Event(type="instance_start", format=RECORDS_FORMAT, wiped_before=False, **where).line() + "\n"
+        + Event(type="step", step=1, action={"action": "request_demos"}, outcome="correct", cost=0,
+                **where).line() + "\n")
+    resumed = subprocess.run([sys.executable, "-O", "-c", RESUME_UNDER_O, str(tmp_path / "grid.yaml"), str(cell_dir)],
+                             capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert resumed.returncode == 3, resumed.stdout + resumed.stderr
+    assert resumed.stdout.startswith("ReplayMismatch: ")
+    assert "replay of slot 0 step 1 disagrees: the records say correct, the protocol answers demo" in resumed.stdout

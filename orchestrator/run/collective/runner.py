@@ -10,10 +10,11 @@ state of round r and every user's state at the end of it, whole or not at all (a
 into place). Rows that share nothing (the stateless floor, memory-on: each user's independent
 learner, or `share: false`) go through the same rounds with no shared state.
 
-Each user's instance runs exactly as a cell's (`CellRunner._run_slot`: fsynced step events, the
-protocol replayed on resume), so a killed run resumes at any instance of any user, and at any
-update. One journaling proxy per row serves all its users; each call carries its user, slot and
-phase in a tag the proxy reads and removes (proxy.journal.TAG_HEADER).
+Each user's instances run exactly as a cell's (`CellRunner` on the one slot driver,
+`orchestrator/run/slot_driver.py`: fsynced step events, the protocol replayed on resume), so a
+killed run resumes at any instance of any user, and at any update. One journaling proxy per row
+serves all its users; each call carries its user, slot and phase in a tag the proxy reads and
+removes (proxy.journal.TAG_HEADER).
 """
 
 from __future__ import annotations
@@ -43,15 +44,16 @@ from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
 from orchestrator.run.collective.schedule import UserSlot, rounds, user_schedule
 from orchestrator.prompts import PromptSet
-from orchestrator.records import (CellPaths, EventLog, RecordsUnwritable, RunPaths, SandboxRecord, UserPaths,
-                                  current_attempt, read_events, truncate_torn_tail, write_json)
+from orchestrator.records import (CellPaths, EventLog, RunPaths, SandboxRecord, UserPaths, read_events,
+                                  truncate_torn_tail, write_json)
 from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, refuse_host_programs, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
 from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
-from orchestrator.run.runner import INFRASTRUCTURE_RESTARTS, CellRunner, InfrastructureFault, interrupt_on_fault
+from orchestrator.run.runner import CellRunner
 from orchestrator.run.schedule import ScheduledSlot
+from orchestrator.run.slot_driver import INFRASTRUCTURE_RESTARTS, InfrastructureFault
 from proxy.journal import make_tag
 
 log = structlog.get_logger("carc.collective")
@@ -148,34 +150,19 @@ class UserRunner(CellRunner):
             return 0
         with self._services(row_services, shared_dir) as services:
             self.services = services
+            self.state = services.state
             # The state as it was after this user's last finished instance (a killed instance's
             # writes, if any, are undone), whatever round that was in.
             before = [u.slot for u in self.schedule if u.slot.index in finished]
             self._restore(before[-1] if before else None)
-            learner = services.harness or ladder_learner(self.cell, self.state_dir, self.prompts, self.model,
-                                                         services.executor)
-            learner.shared_dir = shared_dir if services.harness is None else None
-            ran = 0
+            self.learner = services.harness or ladder_learner(self.cell, self.state_dir, self.prompts, self.model,
+                                                              services.executor)
+            self.learner.shared_dir = shared_dir if services.harness is None else None
             try:
                 with EventLog(self.events_path, self.fence) as journal:  # fenced on Ray
-                    for slot in todo:
-                        if stop.is_set():
-                            break
-                        partial = current_attempt(events, slot.index)
-                        try:
-                            self._run_slot(slot, learner, journal, partial)
-                        except (InfrastructureFault, RecordsUnwritable):
-                            raise
-                        except Exception as exc:  # outside the learner's turn
-                            interrupt_on_fault(services, journal, lambda: self._event("infrastructure_fault", slot),
-                                               f"{type(exc).__name__}: {exc}", cause=exc)
-                            raise
-                        services.set_slot(None, "between")
-                        ran += 1
-                        done()
+                    return self._run_slots(todo, events, journal, lambda *_: done(), stop=stop)
             finally:
-                learner.close()
-        return ran
+                self.learner.close()
 
     def _keep_transcript(self, slot: ScheduledSlot, transcript: list) -> None:
         """One gzip member per slot, appended (a resumed slot's later member is the one read)."""
@@ -187,7 +174,7 @@ class UserRunner(CellRunner):
         """The state after this instance. A ladder user's earlier snapshot goes (resume and the
         update step only ever need the latest); a harness user's are kept, as a single-user
         cell's, for the inspector's account of what it kept and when."""
-        left_out = self.services.state.snapshot(self.paths.snapshot(slot.index))
+        left_out = self.state.snapshot(self.paths.snapshot(slot.index))
         if self.cell.learner in HARNESSES:
             return left_out
         for path in self.paths.snapshots.glob("*.tar.gz"):
