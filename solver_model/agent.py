@@ -48,7 +48,7 @@ from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_lis
 from orchestrator.protocol import Action, extract_action
 from solver_model.conversation import (ConversationState, Feedback, Mode, conversation_digest,
                                        grid_after, message_text, read_conversation)
-from solver_model.policy import (FINISH, NOTHING_TO_ADD, Reply, SearchFn, default_search, output_of,
+from solver_model.policy import (FINISH, Reply, SearchFn, default_search, output_of,
                                  program_text, reply, reply_generator, submit_text)
 from solver_model.search import Program, Step, consistent
 

@@ -344,14 +344,6 @@ def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
     return sections
 
 
-def measure_sections(frame: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
-                     rng: measures.Resampling, resamples: int
-                     ) -> dict[str, tuple[str, pd.DataFrame]]:
-    """The sections of the measures beyond the first report (gap, pooled, twins, CL-Bench,
-    PATH-Bench), title -> (intro, display frame), shown after forward transfer."""
-    return measure_tables_sections(tables.run_measures(frame, cells, rng, resamples))
-
-
 def report_sections(result: measures.RunAnalysis, unfinished: pd.Series,
                     measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None
                     ) -> dict[str, tuple[str, pd.DataFrame]]:
