@@ -43,11 +43,6 @@ class InstanceView:
     history: tuple[StepRecord, ...] = ()
     deadline: float | None = None  # time.monotonic() at which the instance's wall clock runs out
 
-    @property
-    def demos_bought(self) -> list[tuple[int, Demo]]:
-        return [(s.outcome.number, s.outcome.demo) for s in self.history
-                if isinstance(s.outcome, DemoGiven)]
-
 
 @dataclass(frozen=True)
 class Turn:
@@ -182,7 +177,3 @@ class ChatLearner(Learner):
 
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.messages)
-
-
-def is_verdict(outcome: Outcome, correct: bool | None = None) -> bool:
-    return isinstance(outcome, Verdict) and (correct is None or outcome.correct == correct)

@@ -2,8 +2,8 @@
 and where their code lives, as a lazy name -> "module:attribute" table (Harbor's `_AGENT_MAP`).
 
 Reading the table imports nothing else, so a grid file is validated without Docker; an entry's
-code is imported only when asked for (`learner_class`, `adapter`, `parser`). Nothing in the
-project registers itself by being imported.
+code is imported only when asked for (`learner_class`, `adapter`, or `load` of its `parser`, which
+the stores inspector does). Nothing in the project registers itself by being imported.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from orchestrator.rows import HARNESS_ROWS, ROWS
 
 if TYPE_CHECKING:
     from harness_adapters.harness import HarnessAdapter
-    from stores_inspector.parser import HarnessParser
 
 REGISTRY = Path(__file__).with_name("learners.yaml")
 GENERIC_PARSER = "stores_inspector.generic:Parser"
@@ -136,13 +135,6 @@ def adapter(name: str) -> "HarnessAdapter":
     if registered.kind != "harness" or not isinstance(found, HarnessAdapter):
         raise RegistryError(f"{REGISTRY.name}: {name}: {registered.target} is not a HarnessAdapter")
     return found
-
-
-def parser(name: str | None) -> "HarnessParser":
-    """The stores inspector's parser for a learner (the file-level fallback for anything else)."""
-    known = learners()
-    target = known[name].parser if name in known else GENERIC_PARSER
-    return load(target, f"{name}: parser")()
 
 
 def add_harness(name: str, target: str, rows: tuple[str, ...] = HARNESS_ROWS,

@@ -34,8 +34,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from solver_model.conversation import message_text
-from solver_model.server import (ResponsesRequest, _responses_messages, answer_conversation,
-                                 anthropic_messages)
+from solver_model.server import (ResponsesRequest, answer_conversation, anthropic_messages,
+                                 responses_messages)
 
 NOTE = "carc-note: task {task} was seen"
 _TASK = re.compile(r"Task id: (\S+)")
@@ -144,7 +144,7 @@ def _chat(body: dict[str, Any], served: list[Served]):
 
 def _responses(body: dict[str, Any], served: list[Served]):
     request = ResponsesRequest.model_validate(body)
-    messages = _responses_messages(request)
+    messages = responses_messages(request)
     message = decide(messages, tools=body.get("tools") or [])
     prompt, completion = _usage(messages, message)
     rid = f"resp_{uuid.uuid4().hex[:12]}"

@@ -326,10 +326,6 @@ class InstanceProtocol:
     def budget_share(self) -> float:
         return self.cost / self.limits.budget
 
-    @property
-    def demos_given(self) -> tuple[Demo, ...]:
-        return self.instance.demos[: self.demos_used]
-
     def step(self, action: Action | Malformed) -> Outcome:
         """Apply one action and return the environment's answer. Never raises."""
         if isinstance(action, Malformed):

@@ -494,6 +494,11 @@ def truncate_torn_tail(path: Path) -> None:
 
 def write_json(path: Path, value: Any) -> None:
     """Write JSON atomically (temp file + rename) so a reader never sees half a file."""
+    write_text(path, json.dumps(value, indent=1, sort_keys=True))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write text atomically (temp file + rename) so a reader never sees half a file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=True), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

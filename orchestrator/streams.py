@@ -38,7 +38,6 @@ Sampling = Literal["fixed", "poisson", "geometric"]
 SAMPLINGS: tuple[str, ...] = ("fixed", "poisson", "geometric")
 
 DEFAULT_VISITS = 8
-DEFAULT_TASKS = 25
 # The documented workstreams stream (25 tasks): return gaps median 5, p90 48.8, longest 139.
 # Gap figures depend only on the number of tasks, never on their ids.
 DEFAULT_SEED = 450

@@ -48,8 +48,8 @@ from orchestrator.arc import Demo, Grid, GridError, as_grid, grid_json, grid_lis
 from orchestrator.protocol import Action, extract_action
 from solver_model.conversation import (ConversationState, Feedback, Mode, conversation_digest,
                                        grid_after, message_text, read_conversation)
-from solver_model.policy import (FINISH, NOTHING_TO_ADD, Reply, SearchFn, _explore, _program_text,
-                                 _run, _submit_text, reply, reply_generator)
+from solver_model.policy import (FINISH, Reply, SearchFn, default_search, output_of,
+                                 program_text, reply, reply_generator, submit_text)
 from solver_model.search import Program, Step, consistent
 
 NOTE_HEADER = "carc-note task"
@@ -456,19 +456,19 @@ def act(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]
     output = _run_output(past, state.task_id)
     if output is not None and output not in wrong and output not in submitted \
             and state.mode is Mode.ACTION:
-        return AgentReply(_submit_text(output), program_description="program file run")
+        return AgentReply(submit_text(output), program_description="program file run")
     for program in programs:
         if state.test_input is None or not consistent(program, held):
             continue
-        output = _run(program, state.test_input)
+        output = output_of(program, state.test_input)
         if output is None or output in wrong:
             continue
         if state.mode is Mode.PROGRAM:
             if program.describe() in state.failed_programs:
                 continue
-            return AgentReply(_program_text(program.source(), output),
+            return AgentReply(program_text(program.source(), output),
                               program_description=program.describe(), program=program)
-        return AgentReply(_submit_text(output), program_description=program.describe(),
+        return AgentReply(submit_text(output), program_description=program.describe(),
                           program=program)
     return _answer(reply(replace(state, pairs=held), effort, search, seed))
 
@@ -540,7 +540,7 @@ def _best_program(msgs: list[dict[str, Any]], tools: Any, state: ConversationSta
                 break
     candidates += programs
     if pairs:
-        exploration = (search or _explore)(pairs, effort, None, exclude=(),
+        exploration = (search or default_search)(pairs, effort, None, exclude=(),
                                            rng=reply_generator(seed, state.digest))
         candidates += list(exploration.found)
     return next((p for p in candidates if pairs and consistent(p, pairs)), None) or \
@@ -681,7 +681,7 @@ def _curate(msgs: list[dict[str, Any]], request: _Curation, roles: dict[str, Too
     if program is None and pairs:
         # seeded by the conversation up to the request, so a retry writes the same program
         rng = reply_generator(seed, conversation_digest(msgs[:request.first + 1]))
-        found = (search or _explore)(pairs, effort, None, exclude=(), rng=rng).found
+        found = (search or default_search)(pairs, effort, None, exclude=(), rng=rng).found
         program = next((p for p in found if consistent(p, pairs)), None)
     plan = _file_plan(request.path, program_file(request.task_id, program, pairs), roles, ids) \
         if program is not None else []

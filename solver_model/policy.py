@@ -51,7 +51,8 @@ def reply_generator(seed: int, digest: str) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, int(digest[:16], 16)])
 
 
-def _explore(pairs, effort, test_input=None, exclude=(), rng=None) -> Exploration:
+def default_search(pairs, effort, test_input=None, exclude=(), rng=None) -> Exploration:
+    """The bounded search of the untrained model: the `SearchFn` a reply uses unless given one."""
     return explore(pairs, effort, rng, test_input, exclude)
 
 
@@ -75,7 +76,7 @@ def reply(state: ConversationState, effort: str, search: SearchFn | None = None,
           seed: int = 0) -> Reply:
     """The model's next reply to the conversation read into `state` (its generator: `seed` and
     the conversation's digest). `search` replaces the bounded program search (tests inject one)."""
-    search = _explore if search is None else search
+    search = default_search if search is None else search
     if effort not in EFFORTS:
         raise ValueError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
     if state.mode is Mode.OTHER:
@@ -99,17 +100,17 @@ def reply(state: ConversationState, effort: str, search: SearchFn | None = None,
     if remaining:
         program, output = remaining[0]
         if state.mode is Mode.PROGRAM:
-            return Reply(_program_text(program.source(), output), program.describe(), program)
+            return Reply(program_text(program.source(), output), program.describe(), program)
         if output is not None:
-            return Reply(_submit_text(output), program.describe(), program)
+            return Reply(submit_text(output), program.describe(), program)
     partial = exploration.partial
     if partial is not None and (exploration.partial_fit >= COMMIT_FIT or not can_buy):
-        output = _run(partial, state.test_input) if state.test_input is not None else None
+        output = output_of(partial, state.test_input) if state.test_input is not None else None
         if state.mode is Mode.PROGRAM and partial.describe() not in exclude:
-            return Reply(_program_text(partial.source(), output), f"partial fit: {partial.describe()}",
+            return Reply(program_text(partial.source(), output), f"partial fit: {partial.describe()}",
                          partial)
         if state.mode is Mode.ACTION and output is not None and output not in wrong:
-            return Reply(_submit_text(output), f"partial fit: {partial.describe()}", partial)
+            return Reply(submit_text(output), f"partial fit: {partial.describe()}", partial)
     return Reply(REQUEST) if can_buy else _fallback(state)
 
 
@@ -127,14 +128,15 @@ def candidates(programs: Sequence, test_input: Grid | None,
         if test_input is None:
             found.append((program, None))
             continue
-        output = _run(program, test_input)
+        output = output_of(program, test_input)
         if output is not None and output not in seen:
             seen.add(output)
             found.append((program, output))
     return tuple(found)
 
 
-def _run(program: Callable[[Grid], Grid | None], grid: Grid) -> Grid | None:
+def output_of(program: Callable[[Grid], Grid | None], grid: Grid) -> Grid | None:
+    """The program's output on `grid`, or None when it gives none or fails."""
     try:
         output = program(grid)
         return as_grid(output) if output is not None else None
@@ -143,11 +145,13 @@ def _run(program: Callable[[Grid], Grid | None], grid: Grid) -> Grid | None:
         return None
 
 
-def _submit_text(grid: Grid) -> str:
+def submit_text(grid: Grid) -> str:
+    """The reply that submits `grid` as the answer."""
     return f'{{"action": "submit", "grid": {grid_json(grid)}}}'
 
 
-def _program_text(source: str, output: Grid | None) -> str:
+def program_text(source: str, output: Grid | None) -> str:
+    """The reply that proposes a program (program mode), with its predicted output when known."""
     text = f"```python\n{source.rstrip()}\n```"
     if output is not None:
         text += f"\n{PREDICTED_OUTPUT} {grid_json(output)}"
@@ -225,12 +229,12 @@ def _fallback(state: ConversationState) -> Reply:
         if state.mode is Mode.PROGRAM:
             if guess.program_description in failed:
                 continue
-            return Reply(_program_text(guess.program_source(state.pairs), output),
+            return Reply(program_text(guess.program_source(state.pairs), output),
                          guess.program_description)
-        return Reply(_submit_text(output), f"fallback guess: {guess.name}")
+        return Reply(submit_text(output), f"fallback guess: {guess.name}")
     # Unreachable within 8 wrong answers (ten fills differ); still, always answer something.
     guess = GUESSES[0]
     if state.mode is Mode.PROGRAM:
-        return Reply(_program_text(guess.program_source(state.pairs), guess(base)),
+        return Reply(program_text(guess.program_source(state.pairs), guess(base)),
                      guess.program_description)
-    return Reply(_submit_text(guess(base)), f"fallback guess: {guess.name}")
+    return Reply(submit_text(guess(base)), f"fallback guess: {guess.name}")

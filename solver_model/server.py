@@ -417,7 +417,7 @@ def create_app(effort_default: str = "medium", search: SearchFn | None = None,
                                "/v1/chat/completions", "stream")
         requested = body.reasoning.effort if body.reasoning else None
         effort = choose_effort(requested, body.model, effort_default)
-        answer, delay = await run(_responses_messages(body), effort, body.tools, body.tools,
+        answer, delay = await run(responses_messages(body), effort, body.tools, body.tools,
                                   request_key("responses", raw))
         await wait(delay, answer, start)
         number, created = next(ids), int(time.time())
@@ -581,7 +581,7 @@ def _responses_output(answer: Answer, number: int) -> list[dict[str, Any]]:
              "content": [{"type": "output_text", "text": answer.text, "annotations": []}]}]
 
 
-def _responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+def responses_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     """Responses-API input items as chat messages; items without text for the model are skipped."""
     messages: list[dict[str, Any]] = []
     if body.instructions:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import pandas as pd
 
+from harness_adapters.registry import GENERIC_PARSER, learners, load
 from stores_inspector.calls import Call, ToolCall
 from stores_inspector.reading import Problems
 from stores_inspector.volume import Volume
@@ -200,5 +201,6 @@ class StoreContext:
 def parser_for(harness: str | None) -> HarnessParser:
     """The parser of a harness by name, as the registry (harness_adapters/learners.yaml) names
     it; the file-level fallback (generic.py) for anything else."""
-    from harness_adapters.registry import parser
-    return parser(harness)
+    known = learners()
+    target = known[harness].parser if harness in known else GENERIC_PARSER
+    return load(target, f"{harness}: parser")()

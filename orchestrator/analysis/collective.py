@@ -181,7 +181,7 @@ def epilogue_table(df: pd.DataFrame, draws: TaskResamples, n: int = RESAMPLES, l
                       for h in ("first", "second") if ("sum", h) in per.columns}
         if len(means_) == 2:
             diff = means_["second"] - means_["first"]
-            lo, hi = measures._percentiles(diff[:, None], level)[:, 0]
+            lo, hi = measures.percentiles(diff[:, None], level)[:, 0]
         else:
             lo = hi = np.nan
         rows.append({"label": label, "first": wide.loc[label].get("first", np.nan),

@@ -12,8 +12,8 @@ import yaml
 
 from orchestrator.analysis import collective, journal_summary, report_html, results
 from orchestrator.analysis.measures import LEVEL, RESAMPLES
-from orchestrator.analysis.report import (HOW_TO_READ, SUMMARY, _how_to_read, _table, _title, _write,
-                                          display_frame, pct, pct_ci)
+from orchestrator.analysis.report import (display_frame, how_to_read, pct, pct_ci, report_title,
+                                          write_documents)
 from orchestrator.records import RunPaths
 
 TITLE = "Collective regime"
@@ -109,7 +109,6 @@ def summary_lines(frame: pd.DataFrame, data: dict[str, pd.DataFrame], users: int
 
 def write_collective_report(run_dir: Path, seed: int = 0, resamples: int = RESAMPLES) -> Path:
     run_dir = Path(run_dir)
-    paths = RunPaths(run_dir)
     grid = stored_grid(run_dir)
     setting, track = grid["collective"], grid.get("track", {})
     frame, data = write_collective_results(run_dir, seed, resamples)
@@ -124,13 +123,6 @@ def write_collective_report(run_dir: Path, seed: int = 0, resamples: int = RESAM
     settings = (f"{setting.get('users', 100)} users, rounds of {setting.get('round_slots', 25)} slots, sharing "
                 f"{'on' if setting.get('share', True) else 'off'}; track {track.get('name')}, "
                 f"{track.get('tasks')} tasks x {track.get('visits')} visits, epilogue {track.get('epilogue')}.")
-    intro = _how_to_read(resamples, seed) + f"\n\nThe collective regime: {settings}"
-    run_id = run_dir.resolve().name
-    parts = ["# " + _title(run_id, grid.get("name")), f"## {SUMMARY}\n\n{summary}", intro]
-    for name, (text, table) in sections.items():
-        parts.append("\n\n".join([f"## {name}", text, *([] if table.empty else [_table(table)])]))
-    _write(paths.report_md, "\n\n".join(parts) + "\n")
-    _write(paths.report_html, report_html.render_html(
-        _title(run_id, grid.get("name")), "", {SUMMARY: (summary, pd.DataFrame()), HOW_TO_READ: (intro, pd.DataFrame()),
-                                        **sections}))
-    return paths.report_md
+    intro = how_to_read(resamples, seed) + f"\n\nThe collective regime: {settings}"
+    return write_documents(run_dir, report_title(run_dir.resolve().name, grid.get("name")), summary,
+                           intro, sections)

@@ -272,7 +272,7 @@ def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resa
         matrix = np.stack([np.broadcast_to(stats[s], resampled.shape[:2]) for s in names], axis=-1)
         out[members, :, 0] = np.stack([np.broadcast_to(point[s], (len(members),))
                                        for s in names], axis=-1)
-        out[members, :, 1:] = _percentiles(matrix.reshape(len(weights), -1), level).T.reshape(
+        out[members, :, 1:] = percentiles(matrix.reshape(len(weights), -1), level).T.reshape(
             len(members), len(names), 2)
         if chosen:
             found = sensitivity(matrix[:, :, chosen].reshape(len(weights), -1), level)
@@ -282,7 +282,7 @@ def task_bootstrap(frame: pd.DataFrame, by: str, statistic: Statistic, rng: Resa
     return pd.DataFrame(data, columns=columns, index=pd.Index(keys, name=by))
 
 
-def _percentiles(stats: np.ndarray, level: float) -> np.ndarray:
+def percentiles(stats: np.ndarray, level: float) -> np.ndarray:
     """The (2, columns) percentile interval of each column of resampled statistics; values that
     are not finite (an undefined resample) are left out, and a column with none left is NaN."""
     tail = (1.0 - level) / 2.0

@@ -21,7 +21,7 @@ import yaml
 from orchestrator.analysis import (journal_summary, labels_served, measures, plots, report_html,
                                    results, tables)
 from orchestrator.analysis.summary import summary_lines
-from orchestrator.records import Event, EventType, RunPaths, read_events
+from orchestrator.records import Event, EventType, RunPaths, read_events, write_text
 
 # Report order: the ladder first, cheapest memory first; harnesses after it, by name.
 LADDER_ORDER = ("stateless-floor", "demo-cache-floor", "program-library", "program-library-wiped")
@@ -126,7 +126,8 @@ BOUND = "savings excluded beyond (points)"
 MDE = f"MDE {measures.POWER:.0%} (points)"
 
 
-def _how_to_read(resamples: int, seed: int) -> str:
+def how_to_read(resamples: int, seed: int) -> str:
+    """The report's reading guide: budget, shares, intervals over tasks, paired differences."""
     return (
         "**How to read.** Every instance has a budget of 16. Its *budget share* is cost / 16: the "
         "pairs it bought plus its wrong answers, all 16 when it failed. Lower is better. *Solved "
@@ -343,14 +344,6 @@ def measure_tables_sections(tables: Mapping[str, pd.DataFrame]
     return sections
 
 
-def measure_sections(frame: pd.DataFrame, cells: Mapping[str, Mapping[str, Any]],
-                     rng: measures.Resampling, resamples: int
-                     ) -> dict[str, tuple[str, pd.DataFrame]]:
-    """The sections of the measures beyond the first report (gap, pooled, twins, CL-Bench,
-    PATH-Bench), title -> (intro, display frame), shown after forward transfer."""
-    return measure_tables_sections(tables.run_measures(frame, cells, rng, resamples))
-
-
 def report_sections(result: measures.RunAnalysis, unfinished: pd.Series,
                     measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None
                     ) -> dict[str, tuple[str, pd.DataFrame]]:
@@ -368,29 +361,42 @@ def report_sections(result: measures.RunAnalysis, unfinished: pd.Series,
     return sections
 
 
-def _title(run_id: str, grid_name: str | None) -> str:
+def report_title(run_id: str, grid_name: str | None) -> str:
     return f"carc report: run {run_id}" + (f", grid {grid_name}" if grid_name else "")
 
 
 def _intro(result: measures.RunAnalysis, resamples: int, seed: int) -> str:
-    text = _how_to_read(resamples, seed)
+    text = how_to_read(resamples, seed)
     return text + ("\n\nNo finished instance yet." if result.cells.empty else "")
 
 
-def render_report(run_id: str, grid_name: str | None, result: measures.RunAnalysis,
-                  unfinished: pd.Series, resamples: int, seed: int,
-                  measures: Mapping[str, tuple[str, pd.DataFrame]] | None = None,
-                  summary: str | None = None) -> str:
-    """The markdown text of a report: the title, the summary (when given), how to read it, the
-    sections."""
-    parts = ["# " + _title(run_id, grid_name)]
+def render_markdown(title: str, summary: str, intro: str,
+                    sections: Mapping[str, tuple[str, pd.DataFrame]]) -> str:
+    """The markdown text of a report: the title, the summary (when there is one), how to read
+    it, the sections (each its intro, when it has one, and its table)."""
+    parts = ["# " + title]
     if summary:
         parts.append(f"## {SUMMARY}\n\n{summary}")
-    parts.append(_intro(result, resamples, seed))
-    for name, (intro, frame) in report_sections(result, unfinished, measures).items():
-        parts.append("\n\n".join([f"## {name}", *([intro] if intro else []),
+    parts.append(intro)
+    for name, (text, frame) in sections.items():
+        parts.append("\n\n".join([f"## {name}", *([text] if text else []),
                                     *([] if frame.empty else [_table(frame)])]))
     return "\n\n".join(parts) + "\n"
+
+
+def write_documents(run_dir: Path, title: str, summary: str, intro: str,
+                    sections: Mapping[str, tuple[str, pd.DataFrame]],
+                    figures: Sequence[report_html.Figure] = (),
+                    images: Sequence[tuple[str, str]] = ()) -> Path:
+    """Write `report.md` (the key figures' `images` shown under its summary) and `report.html`
+    (every figure) of a run, the same sections in both; returns the markdown path."""
+    paths = RunPaths(run_dir)
+    shown = summary + "".join(f"\n\n![{name}]({image})" for name, image in images)
+    write_text(paths.report_md, render_markdown(title, shown, intro, sections))
+    write_text(paths.report_html, report_html.render_html(
+        title, "", {SUMMARY: (summary, pd.DataFrame()), HOW_TO_READ: (intro, pd.DataFrame()),
+                    **sections}, figures))
+    return paths.report_md
 
 
 # --- figures -------------------------------------------------------------------------------------
@@ -493,12 +499,6 @@ def report_figures(result: measures.RunAnalysis, curves: Mapping[str, pd.DataFra
         "Compute is logged, not scored: a cell can buy a lower budget share with more model "
         "work.", section=CELLS))
     return figures
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 # Tables of the run beyond `tables.run_measures`, rendered by their own sections.
@@ -615,14 +615,9 @@ def write_report(run_dir: Path, seed: int = 0, resamples: int = measures.RESAMPL
     figures = report_figures(result, data)
     images = _write_key_figures(run_dir, figures)
     summary = "\n".join(f"- {line}" for line in summary_lines(data, _embedded(run_dir), LADDER_ORDER))
-    path = RunPaths(run_dir).report_md
-    _write(path, render_report(run_id, grid_name, result, unfinished, resamples, seed, sections,
-                               summary=summary + "".join(f"\n\n![{name}]({image})" for name, image in images)))
-    _write(RunPaths(run_dir).report_html, report_html.render_html(
-        _title(run_id, grid_name), "",
-        {SUMMARY: (summary, pd.DataFrame()), HOW_TO_READ: (_intro(result, resamples, seed), pd.DataFrame()),
-         **report_sections(result, unfinished, sections)}, figures))
-    return path
+    return write_documents(run_dir, report_title(run_id, grid_name), summary,
+                           _intro(result, resamples, seed),
+                           report_sections(result, unfinished, sections), figures, images)
 
 
 def _embedded(run_dir: Path) -> bool:

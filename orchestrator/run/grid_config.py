@@ -18,6 +18,7 @@ from harness_adapters import registry
 from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
+from orchestrator.run.collective.training import EMBEDDED_ONLY, trainer_class
 from orchestrator.rows import COLLECTIVE_ROWS, MEMORY_ON, TRAINED, label, row
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
 
@@ -353,11 +354,25 @@ class GridConfig(_Strict):
                               f"{MEMORY_ON} (each user's independent learner) or one of "
                               f"{', '.join(COLLECTIVE_ROWS)}"))
         if any(e.row == TRAINED for e in self.learners):
-            from orchestrator.run.collective.training import trainer_problem
-            problem = trainer_problem(self, EMBEDDED)
+            problem = self._trainer_problem()
             if problem:
                 found.append((("collective", "trainer"), problem))
         return found
+
+    def _trainer_problem(self) -> str | None:
+        """Why the grid's trained row cannot run, or None."""
+        assert self.collective is not None
+        try:
+            trainer_class(self.collective.trainer)
+        except ValueError as exc:
+            return str(exc)
+        if self.collective.trainer in EMBEDDED_ONLY and self.model.endpoint != EMBEDDED:
+            return (f"trainer {self.collective.trainer} trains the embedded model "
+                    f"(model.endpoint: embedded); this grid calls {self.model.endpoint}: use the "
+                    "embedded model or a trainer of your own")
+        if not self.collective.share:
+            return "share: false trains nothing between rounds: remove the row trained, or share"
+        return None
 
     def _embedded_api_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """The embedded model serves chat completions and Anthropic messages (streamed or not) and

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from orchestrator.rows import row
-from orchestrator.run.grid_config import Cell, GridConfig
+from orchestrator.run.grid_config import Cell, GridConfig, TrackConfig
 from orchestrator.streams import PRESETS, build_stream, epilogue
 from orchestrator.tasks.base import ArcInstance, TaskSource
 from orchestrator.tasks.catalog import TrackSources, track_sources
@@ -32,14 +32,19 @@ class ScheduledSlot:
         return self.source.instance(self.task_id, self.visit, self.seed)
 
 
+def grid_sources(grid: GridConfig, seed: int) -> TrackSources:
+    """The grid's task sources for `seed`, built once per track and seed: every cell (and every
+    collective user) of one seed serves the same tasks."""
+    return _track_sources(grid.track.model_dump_json(), seed)
+
+
 @lru_cache(maxsize=8)
-def _sources(track_json: str, seed: int) -> TrackSources:
-    from orchestrator.run.grid_config import TrackConfig
+def _track_sources(track_json: str, seed: int) -> TrackSources:
     return track_sources(TrackConfig.model_validate_json(track_json), seed)
 
 
 def build_schedule(grid: GridConfig, cell: Cell) -> list[ScheduledSlot]:
-    sources = _sources(grid.track.model_dump_json(), cell.seed)
+    sources = grid_sources(grid, cell.seed)
     wiped = row(cell.row).wiped_before_each
     settings = dataclasses.replace(PRESETS[cell.order], visits=grid.track.visits)
     stream = build_stream(sources.stream_tasks, settings, cell.seed)

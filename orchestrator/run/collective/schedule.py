@@ -19,7 +19,7 @@ import numpy as np
 
 from orchestrator.rows import row
 from orchestrator.run.grid_config import Cell, GridConfig
-from orchestrator.run.schedule import ScheduledSlot, _sources
+from orchestrator.run.schedule import ScheduledSlot, grid_sources
 from orchestrator.streams import PRESETS, build_stream, epilogue
 from orchestrator.tasks.base import TaskSource
 from orchestrator.tasks.frames import FramedSource, UserFrames
@@ -69,7 +69,7 @@ def first_half(grid: GridConfig, user: int) -> bool:
 def user_schedule(grid: GridConfig, cell: Cell, user: int) -> list[UserSlot]:
     """User `user`'s slots with their rounds: the stream, then (in its half's round) the epilogue."""
     assert grid.collective is not None
-    sources = _sources(grid.track.model_dump_json(), cell.seed)  # the same tasks for every user
+    sources = grid_sources(grid, cell.seed)  # the same tasks for every user
     seed = user_seed(cell.seed, user)
     wiped = row(cell.row).wiped_before_each
     settings = dataclasses.replace(PRESETS[cell.order], visits=grid.track.visits)

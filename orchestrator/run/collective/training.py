@@ -31,16 +31,13 @@ import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.arc import as_grid, GridError
 from orchestrator.records import CellPaths, Event, read_events, standing
-
-if TYPE_CHECKING:
-    from orchestrator.run.grid_config import Cell, GridConfig
 
 MODEL_FILE = "model.json"
 
@@ -140,9 +137,11 @@ class RoundRecords:
 
 
 class RoundTrainer:
-    """What trains the model of a row between rounds. Built once per row (the grid, its cell)."""
+    """What trains the model of a row between rounds. Built once per row from the grid (a
+    `GridConfig`) and the row's `Cell`; untyped here, since grid_config.py checks a grid's trainer
+    by importing this module."""
 
-    def __init__(self, grid: "GridConfig", cell: "Cell"):
+    def __init__(self, grid: Any, cell: Any):
         self.grid = grid
         self.cell = cell
 
@@ -206,19 +205,3 @@ def trainer_class(name: str) -> type[RoundTrainer]:
         raise ValueError(f"collective.trainer {name!r}: not a RoundTrainer subclass "
                          "(orchestrator/run/collective/training.py)")
     return found
-
-
-def trainer_problem(grid: "GridConfig", embedded: str) -> str | None:
-    """Why the grid's trained row cannot run, or None (`embedded`: the endpoint naming the
-    embedded model)."""
-    assert grid.collective is not None
-    try:
-        trainer_class(grid.collective.trainer)
-    except ValueError as exc:
-        return str(exc)
-    if grid.collective.trainer in EMBEDDED_ONLY and grid.model.endpoint != embedded:
-        return (f"trainer {grid.collective.trainer} trains the embedded model (model.endpoint: embedded); "
-                f"this grid calls {grid.model.endpoint}: use the embedded model or a trainer of your own")
-    if not grid.collective.share:
-        return "share: false trains nothing between rounds: remove the row trained, or share"
-    return None
