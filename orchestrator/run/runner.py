@@ -20,7 +20,7 @@ from harness_adapters.chat_model import ChatModel, ModelUnavailable
 from harness_adapters.harness import HarnessError
 from orchestrator.arc import as_grid
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import (Action, DemoGiven, Finished, InstanceProtocol, Malformed, MalformedReply,
+from orchestrator.protocol import (Action, DemoGiven, InstanceProtocol, Malformed, MalformedReply,
                                    Outcome, Refused, Status, Verdict, extract_action)
 from orchestrator.records import CellFence, CellPaths, Event, EventLog, read_events, truncate_torn_tail
 from orchestrator.run.cell_services import cell_services, ladder_learner
@@ -28,7 +28,6 @@ from orchestrator.run.grid_config import Cell, GridConfig, price_table
 from orchestrator.run.schedule import ScheduledSlot, build_schedule
 from orchestrator.run.slot_driver import (LearnerFailure, Move, Play, ReplayMismatch, SlotDriver, SpendMeter,
                                           WallClock, usage_fields)
-from orchestrator.tasks.base import ArcInstance
 from proxy.journal import JournalTail
 
 # A learner that keeps talking after the verdict (harnesses may) is stopped after this many turns.
@@ -52,21 +51,6 @@ def outcome_label(outcome: Outcome) -> str:
     if isinstance(outcome, MalformedReply):
         return "malformed"
     return "finished"
-
-
-def outcome_from_event(event: Event, instance: ArcInstance) -> Outcome:
-    """Rebuild the outcome a step event recorded (for replay to a resumed learner)."""
-    label = event.outcome
-    if label == "demo":
-        number = event.demos_used or 0
-        return DemoGiven(instance.demos[number - 1], number)
-    if label in ("correct", "incorrect"):
-        return Verdict(label == "correct", bool(event.over))
-    if label == "refused":
-        return Refused(event.message or "")
-    if label == "malformed":
-        return MalformedReply(event.message or "", bool(event.over))
-    return Finished()
 
 
 def action_from_event(event: Event) -> Action | Malformed:
