@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.errors import CarcError
 from proxy.host import PLACEHOLDER_KEY
 from proxy.journal import TAG_HEADER
 
@@ -114,7 +115,7 @@ class ChatReply:
     usage: Usage
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(CarcError, RuntimeError):
     """The endpoint failed after all retries; the runner fails the instance with this reason."""
 
 

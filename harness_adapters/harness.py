@@ -20,6 +20,7 @@ from typing import Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from harness_adapters.base import InstanceView, Learner, Turn
+from orchestrator.errors import CarcError
 from orchestrator.prompts import PromptSet
 from orchestrator.protocol import Outcome
 from orchestrator.rows import row
@@ -41,7 +42,7 @@ class FailureKind(str, enum.Enum):
     OTHER = "other"
 
 
-class HarnessError(RuntimeError):
+class HarnessError(CarcError, RuntimeError):
     """A harness turn failed; `kind` says how (the runner fails the instance with this reason)."""
 
     def __init__(self, kind: FailureKind, message: str):

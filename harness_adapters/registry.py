@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from orchestrator.errors import ConfigError
 from orchestrator.rows import HARNESS_ROWS, ROWS
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ GRID_TRACKS = ("own", "arc1", "arc2")
 ALL_TRACKS = (*GRID_TRACKS, "arc3")
 
 
-class RegistryError(ValueError):
+class RegistryError(ConfigError):
     pass
 
 

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.errors import CarcError
+
 Grid = tuple[tuple[int, ...], ...]
 
 MAX_SIDE = 30
@@ -19,7 +21,7 @@ COLOURS = range(10)
 SPELL_LIMIT = 200  # characters of a learner's value echoed in a message
 
 
-class GridError(ValueError):
+class GridError(CarcError, ValueError):
     """A value that is not a valid ARC grid; the message says exactly what is wrong."""
 
 

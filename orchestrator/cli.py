@@ -8,8 +8,29 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+from orchestrator.errors import RunFailed, UserError
+
+
+class CarcCommands(TyperGroup):
+    """Every `carc` command's errors, handled once: a UserError (what is wrong, where, and how to
+    fix it) is one line and exit code 2; any other exception is shown with its traceback, as the
+    bug or failure it is. `carc --debug ...` shows a user error's traceback too."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            if _DEBUG["on"]:
+                raise
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+
+_DEBUG = {"on": False}
+app = typer.Typer(cls=CarcCommands, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_show_locals=False,  # a frame's locals may hold a key
                   help="Continual-ARC harness grid: streams, learners, records and reports.")
 grid_app = typer.Typer(no_args_is_help=True, help="Run grids of cells.")
 stream_app = typer.Typer(no_args_is_help=True, help="Inspect streams.")
@@ -32,6 +53,11 @@ app.add_typer(node_app, name="node")
 app.add_typer(labels_app, name="labels")
 app.add_typer(arc3_app, name="arc3")
 console = Console()
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="show the traceback of a user error too")) -> None:
+    _DEBUG["on"] = debug
 
 
 def _fail(message: str) -> None:
@@ -59,7 +85,6 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
                                             "records reach the head's folder as they are written")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.records import RunPaths
-    from orchestrator.run.grid_config import GridFileError
     from orchestrator.run.grid_run import RunInterrupted, execute, open_run, set_usd_per_cell, stopped_cells
 
     if (grid is None) == (resume is None):
@@ -105,8 +130,9 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     except RunInterrupted as exc:
         console.print(f"run: {exc.run_dir}: {exc}", highlight=False)
         raise typer.Exit(130)
-    except (GridFileError, ValueError, RuntimeError) as exc:
-        _fail(str(exc))
+    except RunFailed as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     console.print(f"run: {run_dir}")
     stopped = stopped_cells(run_dir)
     if stopped:
@@ -141,19 +167,15 @@ def _inspect_harness_cells(run_dir: Path) -> None:
 @grid_app.command("cells")
 def grid_cells(grid: Path) -> None:
     """List the cells a grid file expands to."""
-    from orchestrator.run.grid_config import GridFileError, load_grid
-    try:
-        cells = load_grid(grid).cells()
-    except GridFileError as exc:
-        _fail(str(exc))
-    for cell in cells:
+    from orchestrator.run.grid_config import load_grid
+    for cell in load_grid(grid).cells():
         console.print(cell.cell, highlight=False)
 
 
 @grid_app.command("check")
 def grid_check(grid: Path) -> None:
     """Validate a grid file and print its cells and schedule length."""
-    from orchestrator.run.grid_config import GridFileError, load_grid
+    from orchestrator.run.grid_config import load_grid
     from orchestrator.run.schedule import build_schedule
     try:
         config = load_grid(grid)
@@ -164,8 +186,8 @@ def grid_check(grid: Path) -> None:
             per_user = len(user_schedule(config, cells[0], 0))
         else:
             schedule = build_schedule(config, cells[0])
-    except (GridFileError, ValueError, KeyError) as exc:
-        _fail(str(exc))
+    except KeyError as exc:  # a name the grid gives that no table knows
+        _fail(f"{grid}: {exc}")
     if config.collective is not None:
         console.print(f"{grid}: {len(cells)} rows x {users} users x {per_user} instances = "
                       f"{len(cells) * users * per_user:,} instances, in {rounds(config).total} rounds",
@@ -181,14 +203,14 @@ def grid_plan(grid: Path,
               format: str = typer.Option("table", "--format", help="table | json")) -> None:
     """The bill before anything is spent: per cell and in total, instances, model calls, tokens,
     dollars (an estimate), wall time at the grid's workers, snapshot disk, images to build."""
-    from orchestrator.run.grid_config import GridFileError, load_grid
-    from orchestrator.run.plan import PlanError, plan_grid, render_plan
+    from orchestrator.run.grid_config import load_grid
+    from orchestrator.run.plan import plan_grid, render_plan
     if format not in ("table", "json"):
         _fail(f"--format {format!r}: use table or json")
     try:
         plan = plan_grid(load_grid(grid), pilot)
-    except (GridFileError, PlanError, ValueError, KeyError) as exc:
-        _fail(str(exc))
+    except KeyError as exc:  # a name the grid gives that no table knows
+        _fail(f"{grid}: {exc}")
     if format == "json":
         print(plan.to_json())
     else:  # piped or captured: wide enough for the cell ids
@@ -326,16 +348,13 @@ def compare_cmd(run_a: Path, run_b: Path,
     from rich.table import Table
 
     from orchestrator.analysis import results
-    from orchestrator.analysis.compare import NothingToCompare, compare_runs
+    from orchestrator.analysis.compare import compare_runs
     from orchestrator.analysis.report import pct, pct_ci
     from orchestrator.records import RunPaths
     for run in (run_a, run_b):
         if not RunPaths(run).cells.is_dir():
             _fail(f"{run}: not a run directory (no cells/)")
-    try:
-        table = compare_runs(run_a, run_b, np.random.default_rng(seed), resamples, phase=phase)
-    except NothingToCompare as exc:
-        _fail(str(exc))
+    table = compare_runs(run_a, run_b, np.random.default_rng(seed), resamples, phase=phase)
     models = bool((table["model_a"] != table["model_b"]).any())
     shown = Table(title=f"{run_a.name} (A) against {run_b.name} (B), {phase} instances, "
                         "budget share %; A - B in points, negative: A used less")
@@ -354,10 +373,7 @@ def compare_cmd(run_a: Path, run_b: Path,
                       pct_ci(r.mean, r.lo, r.hi, signed=True), pct(r.bound), pct(r.mde), str(r.pairs))
     console.print(shown)
     if out is not None:
-        try:
-            results.write_frame(table, out)
-        except ValueError as exc:
-            _fail(str(exc))
+        results.write_frame(table, out)
         console.print(f"table: {out}", highlight=False)
 
 
@@ -441,11 +457,8 @@ def arc3_fetch(
 ) -> None:
     """Download the public ARC-AGI-3 games with the official toolkit (needs internet; an
     anonymous key is taken unless ARC_API_KEY is set)."""
-    from orchestrator.run.arc3_fetch import FetchError, fetch_games
-    try:
-        games = fetch_games(dest, "offline" if offline_base else "auto", tuple(game or ()))
-    except FetchError as exc:
-        _fail(str(exc))
+    from orchestrator.run.arc3_fetch import fetch_games
+    games = fetch_games(dest, "offline" if offline_base else "auto", tuple(game or ()))
     for info in games.values():
         console.print(f"{info.game_id:<24} {info.levels} levels, baselines "
                       f"{' '.join(map(str, info.baselines))}", highlight=False)
@@ -474,12 +487,8 @@ def labels_make(
     mechanical) and, with --endpoint, pass B (a model asked two ways); write the labels file."""
     from orchestrator.labelling import (PassB, endpoint_asker, make_labels, previous_labels,
                                         track_tasks, write_labels)
-    from orchestrator.tasks.labels import LabelsError
-    try:
-        tasks = track_tasks(track)
-        previous = previous_labels(out)
-    except (ValueError, LabelsError) as exc:
-        _fail(str(exc))
+    tasks = track_tasks(track)
+    previous = previous_labels(out)
     if effort not in ("low", "medium", "high"):
         _fail(f"--effort {effort!r}: give low, medium or high")
     with_b = None
@@ -519,39 +528,32 @@ def images_build(names: Optional[list[str]] = typer.Argument(None, help="recipes
     chosen = "offline" if offline else base
     if chosen not in ("auto", "registry", "offline"):
         _fail(f"--base {base!r}: use auto, registry or offline")
-    try:
-        client = docker_client()
-        for name in names or list(recipes):
-            start = time.monotonic()
-            if isinstance(recipes[name], Exception):
-                console.print(f"{name:<16} skipped: its adapter does not load: {recipes[name]}",
-                              highlight=False, soft_wrap=True)
-                continue
-            try:
-                with console.status(f"building {name} ..."):
-                    tag = ensure_image(recipes[name], chosen, client)
-            except ImageBuildError as exc:
-                if names:
-                    raise
-                # building all: a recipe whose input the user has not supplied (prime-agent's
-                # source) is skipped with the reason, the others are built
-                console.print(f"{name:<16} skipped: {exc}", highlight=False, soft_wrap=True)
-                continue
-            console.print(f"{name:<16} {tag:<40} {image_size_mb(client, tag):8.0f} MB "
-                          f"{time.monotonic() - start:6.1f} s", highlight=False)
-    except ImageBuildError as exc:
-        _fail(str(exc))
+    client = docker_client()
+    for name in names or list(recipes):
+        start = time.monotonic()
+        if isinstance(recipes[name], Exception):
+            console.print(f"{name:<16} skipped: its adapter does not load: {recipes[name]}",
+                          highlight=False, soft_wrap=True)
+            continue
+        try:
+            with console.status(f"building {name} ..."):
+                tag = ensure_image(recipes[name], chosen, client)
+        except ImageBuildError as exc:
+            if names:
+                raise
+            # building all: a recipe whose input the user has not supplied (prime-agent's
+            # source) is skipped with the reason, the others are built
+            console.print(f"{name:<16} skipped: {exc}", highlight=False, soft_wrap=True)
+            continue
+        console.print(f"{name:<16} {tag:<40} {image_size_mb(client, tag):8.0f} MB "
+                      f"{time.monotonic() - start:6.1f} s", highlight=False)
 
 
 @sandboxes_app.command("prune")
 def sandboxes_prune(run: Optional[str] = typer.Option(None, help="only this run id")) -> None:
     """Remove the containers, networks and volumes a crashed run left behind (found by label)."""
     from sandboxes.docker_sandbox import prune
-    from sandboxes.images import ImageBuildError
-    try:
-        pruned = prune(run=run)
-    except ImageBuildError as exc:
-        _fail(str(exc))
+    pruned = prune(run=run)
     console.print(f"removed {len(pruned.containers)} containers, {len(pruned.networks)} networks, "
                   f"{len(pruned.volumes)} volumes")
 
@@ -561,11 +563,11 @@ def adapters_list(registry: Optional[Path] = typer.Option(None, hidden=True)) ->
     """The registered harnesses: module (and whether it imports), rows, image recipe."""
     from rich.markup import escape
 
-    from harness_adapters.registry import REGISTRY, RegistryError
+    from harness_adapters.registry import REGISTRY
     from harness_adapters.scaffold import registered_harnesses
     try:
         listed = registered_harnesses(registry or REGISTRY)
-    except (OSError, RegistryError) as exc:
+    except OSError as exc:
         _fail(str(exc))
     for entry in listed:
         status = escape(entry.status)
@@ -582,12 +584,9 @@ def adapters_new(name: str = typer.Argument(..., help="harness name, e.g. my-age
                  version: Optional[str] = typer.Option(None, help="pinned version (default: latest)"),
                  root: Optional[Path] = typer.Option(None, hidden=True)) -> None:
     """Scaffold a harness adapter (module, recipe, driver, conformance test, docs) and register it."""
-    from harness_adapters.scaffold import REPO_ROOT, ScaffoldError, new_adapter
+    from harness_adapters.scaffold import REPO_ROOT, new_adapter
     base = root or REPO_ROOT
-    try:
-        written = new_adapter(name, base, npm=npm, pip=pip, version=version)
-    except ScaffoldError as exc:
-        _fail(str(exc))
+    written = new_adapter(name, base, npm=npm, pip=pip, version=version)
     for path in written:
         console.print(f"wrote {path.relative_to(base)}", highlight=False)
     console.print(f"registered {name} in harness_adapters/learners.yaml; next: "
@@ -702,10 +701,7 @@ def inspect_stores(run: Path = typer.Argument(..., help="run directory"),
     """What each harness kept, when, by which mechanism, and whether it came back."""
     from stores_inspector import inspect_run
 
-    try:
-        result = inspect_run(run, cell)
-    except ValueError as exc:
-        _fail(str(exc))
+    result = inspect_run(run, cell)
     folder = result.write(out)
     for summary in result.summaries:
         console.print(f"{summary['cell']}: {summary['entries written']} entries written, "

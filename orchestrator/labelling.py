@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.arc import Demo, grid_json
+from orchestrator.errors import ConfigError
 from orchestrator.tasks.frames import apply_symmetry
 from orchestrator.tasks.labels import (SYMMETRY_NAMES, LabelsFile, Verdict, label_task,
                                        load_labels_file, ordered, render_labels)
@@ -298,6 +299,6 @@ def previous_labels(path: Path) -> LabelsFile | None:
 def track_tasks(track: str) -> dict[str, PublicTask]:
     from orchestrator.tasks.public import arc2_new_eval_tasks
     if track != "arc2":
-        raise ValueError(f"--track {track}: labels are made for arc2 (the 114 tasks new in ARC-AGI-2); "
+        raise ConfigError(f"--track {track}: labels are made for arc2 (the 114 tasks new in ARC-AGI-2); "
                          "arc1's frames use orchestrator/data/symmetry_labels.yaml")
     return arc2_new_eval_tasks()

@@ -16,6 +16,7 @@ import yaml
 from typing import TYPE_CHECKING
 
 from orchestrator.arc import Demo, Grid, grid_json
+from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator.protocol import Outcome
@@ -29,7 +30,7 @@ REQUIRED = ("system", "instance", "cached_header", "demo", "after_demo", "verdic
 MALFORMED_WARNING = 5
 
 
-class PromptError(ValueError):
+class PromptError(ConfigError):
     pass
 
 

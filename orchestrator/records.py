@@ -45,6 +45,7 @@ from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.errors import MachineError
 from orchestrator.protocol import FailureKind
 
 # infrastructure_fault: the cell's proxy or a container stopped under an instance; nothing is charged
@@ -296,7 +297,7 @@ class Event(BaseModel):
         return cls.model_validate(json.loads(line))
 
 
-class RecordsUnwritable(RuntimeError):
+class RecordsUnwritable(MachineError):
     """The run folder would not take a record (disk full, permissions, a lost mount): the run
     stops here, and nothing is charged to the learner for it; resume starts from the last
     record written."""

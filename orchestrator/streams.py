@@ -34,6 +34,8 @@ from typing import Literal
 import numpy as np
 from rich.table import Table
 
+from orchestrator.errors import ConfigError
+
 Sampling = Literal["fixed", "poisson", "geometric"]
 SAMPLINGS: tuple[str, ...] = ("fixed", "poisson", "geometric")
 
@@ -49,7 +51,7 @@ _PROCESS_TAG = 2
 _EPILOGUE_TAG = 3
 
 
-class StreamSettingsError(ValueError):
+class StreamSettingsError(ConfigError):
     """Settings the stream process cannot run with; the message names the field and the fix."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from orchestrator.errors import InfrastructureError
 from proxy.journal import (JOURNAL_FILE, READY_FILE, JournalEntry, Phase, read_journal,
                            settle_in_flight, write_slot)
 
@@ -42,7 +43,7 @@ PLACEHOLDER_KEY = "carc-placeholder-key"
 _PR_SET_PDEATHSIG = 1
 
 
-class ProxyError(RuntimeError):
+class ProxyError(InfrastructureError):
     """The proxy could not be installed or started; the message says what to do."""
 
 

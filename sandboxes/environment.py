@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from orchestrator.errors import InfrastructureError
+
 
 # Snapshots are gzip at level 1: a snapshot is written after every instance, on the instance's
 # path; level 1 takes about a fifth of the CPU of the default 9 for a larger file (restore reads
@@ -96,7 +98,7 @@ class LineProcess(Protocol):
         """Close stdin, drain until the process exits; its exit code."""
 
 
-class SandboxError(RuntimeError):
+class SandboxError(InfrastructureError):
     """A sandbox operation failed; the message names the container and the command."""
 
 

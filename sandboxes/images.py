@@ -32,6 +32,7 @@ import docker
 import docker.errors
 import structlog
 
+from orchestrator.errors import MachineError
 from proxy.host import MITMPROXY_VERSION, carc_cache
 
 log = structlog.get_logger("carc.images")
@@ -48,7 +49,7 @@ ARC3_ENGINE_PACKAGES = ("arc-agi==0.9.9", "arcengine==0.9.3")
 Base = Literal["auto", "registry", "offline"]
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(MachineError):
     """An image could not be made; the message says which step and how to fix it."""
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import docker
 import psutil
 
+from orchestrator.errors import MachineError
+
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 DEFAULT_BRIDGE = "bridge"
 DEFAULT_BRIDGE_INTERFACE = "docker0"
@@ -31,7 +33,7 @@ DEFAULT_BRIDGE_INTERFACE = "docker0"
 Interfaces = Mapping[str, list[str]]  # interface name -> its IPv4 addresses
 
 
-class NoGatewayError(RuntimeError):
+class NoGatewayError(MachineError):
     """No IPv4 gateway address could be found for a Docker network."""
 
 

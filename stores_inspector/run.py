@@ -13,6 +13,7 @@ import pandas as pd
 
 from orchestrator.analysis import measures
 from orchestrator.analysis.report import load_run
+from orchestrator.errors import ConfigError
 from orchestrator.records import CellPaths, RunPaths
 from stores_inspector import report, returns, timeline
 from stores_inspector.cell import InspectedCell, is_user_folder
@@ -111,13 +112,13 @@ def inspect_run(run_dir: str | Path, cell: str | None = None) -> InspectResult:
     run_dir = Path(run_dir)
     cells = RunPaths(run_dir).cell_folders()
     if not cells:
-        raise ValueError(f"{run_dir}: no cells/ folder with cells in it; is this a run directory?")
+        raise ConfigError(f"{run_dir}: no cells/ folder with cells in it; is this a run directory?")
     folders = [f for c in cells for f in _inspected_folders(c)]
     if cell is not None:
         folders = [p for p in folders if cell in (p.name, p.parent.parent.name, _name(p))]
         if not folders:
             known = ", ".join(_name(f) for c in cells for f in _inspected_folders(c))
-            raise ValueError(f"{run_dir}: no cell {cell!r}; cells: {known}")
+            raise ConfigError(f"{run_dir}: no cell {cell!r}; cells: {known}")
     per_table: dict[str, list[pd.DataFrame]] = {}
     summaries, sections = [], []
     for folder in folders:

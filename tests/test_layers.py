@@ -238,3 +238,16 @@ def test_a_module_that_imports_and_is_in_no_layer_is_reported(tmp_path):
     _tree(tmp_path, {"proxy/journal.py": "from orchestrator import protocol\n",
                      "proxy/host.py": "", "orchestrator/protocol.py": ""})
     assert layer_violations(tmp_path, LAYERS) == ["proxy.journal is in no layer of the table"]
+
+
+def test_what_the_proxy_image_runs_imports_nothing_outside_proxy():
+    """The proxy image holds `proxy/` only (mitmdump loads `proxy/addon.py`): the addon and every
+    module it imports, however deep, must not need orchestrator (its errors included)."""
+    graph = read_imports().graph
+    seen, todo = set(), ["proxy.addon"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += graph.get(module, ())
+    assert len(seen) > 1 and [m for m in sorted(seen) if not _under(m, ("proxy",))] == []

@@ -17,6 +17,7 @@ from string import Template
 from typing import Literal
 
 from harness_adapters.registry import REGISTRY, RegistryError, add_harness, harnesses, learners
+from orchestrator.errors import ConfigError
 from orchestrator.rows import HARNESS_ROWS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
 Kind = Literal["pip", "npm"]
 
 
-class ScaffoldError(ValueError):
+class ScaffoldError(ConfigError):
     """The scaffold cannot be written; the message says what to change."""
 
 

@@ -25,13 +25,14 @@ import pandas as pd
 
 from orchestrator.analysis import measures
 from orchestrator.analysis.report import load_run
+from orchestrator.errors import ConfigError
 
 MATCH = ("learner", "row", "track", "effort", "order", "seed")
 COLUMNS = ["learner", "row", "track", "effort", "order", "seed", "cell_a", "cell_b", "model_a",
            "model_b", "budget_a", "budget_b", "mean", "lo", "hi", "bound", "mde", "pairs", "problem"]
 
 
-class NothingToCompare(ValueError):
+class NothingToCompare(ConfigError):
     """Two runs with no pair of finished instances to compare; the message says which run lacks
     what."""
 

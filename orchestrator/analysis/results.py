@@ -25,6 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchestrator.errors import ConfigError
+
 LONG = ("table", "position", "measure", "value", "lo", "hi")
 METADATA_KEY = b"carc.tables"
 FORMAT = 1
@@ -249,7 +251,7 @@ def read_measures(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     table = pq.read_table(path)
     raw = (table.schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
-        raise ValueError(f"{path}: no carc table layout in its metadata; rewrite it with "
+        raise ConfigError(f"{path}: no carc table layout in its metadata; rewrite it with "
                          "`carc report RUN`")
     return table.to_pandas(), json.loads(raw)
 
@@ -273,7 +275,7 @@ def write_frame(frame: pd.DataFrame, path: Path) -> None:
     """A table as the suffix of `path` says: .parquet, .csv or .json (records)."""
     path = Path(path)
     if path.suffix not in (".parquet", ".csv", ".json"):
-        raise ValueError(f"{path}: give a file ending in .parquet, .csv or .json")
+        raise ConfigError(f"{path}: give a file ending in .parquet, .csv or .json")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
         _write_table(path, pa.Table.from_pandas(frame, preserve_index=False))

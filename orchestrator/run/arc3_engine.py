@@ -28,6 +28,7 @@ import httpx
 import structlog
 
 from orchestrator.arc3 import COMPLEX, Arc3Action, GameInfo, Observation
+from orchestrator.errors import InfrastructureError
 from orchestrator.records import CellPaths
 from orchestrator.tasks.arc3_games import load_games
 
@@ -39,7 +40,7 @@ READY_S = 60.0
 ROLE = "arc3-engine"
 
 
-class EngineError(RuntimeError):
+class EngineError(InfrastructureError):
     """The engine container did not start or did not answer; the message says what it logged."""
 
 

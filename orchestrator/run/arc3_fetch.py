@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from orchestrator.arc3 import GameInfo
+from orchestrator.errors import MachineError
 from orchestrator.tasks.arc3_games import GamesError, load_games
 
 ARC_API = "https://three.arcprize.org"
@@ -31,7 +32,7 @@ print("CARC-FETCH " + json.dumps({"listed": listed, "downloaded": got}))
 """
 
 
-class FetchError(RuntimeError):
+class FetchError(MachineError):
     """The toolkit downloaded nothing usable; the message says why and what to do."""
 
 

@@ -23,6 +23,7 @@ from harness_adapters import registry
 from harness_adapters.base import Learner
 from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
+from orchestrator.errors import ConfigError
 from orchestrator.prompts import PromptSet
 from orchestrator.records import CellPaths, SandboxRecord
 from orchestrator.rows import row
@@ -116,7 +117,7 @@ class CellServices:
             self.proxy.set_slot(slot, phase)
 
 
-class HostProgramsRefused(ValueError):
+class HostProgramsRefused(ConfigError):
     """A grid whose model-written programs would run as host processes able to read the API key."""
 
 

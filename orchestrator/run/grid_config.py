@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness_adapters import registry
 from harness_adapters.chat_model import ANTHROPIC_THINKING_BUDGET, Api, ModelEndpoint
+from orchestrator.errors import ConfigError
 from orchestrator.protocol import Limits
 from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.run.collective.training import EMBEDDED_ONLY, trainer_class
@@ -36,7 +37,7 @@ Effort = Literal["minimal", "low", "medium", "high", "xhigh", "max"]
 EMBEDDED = "embedded"
 
 
-class GridFileError(ValueError):
+class GridFileError(ConfigError):
     """A grid file that cannot be run; the message names file, line and field."""
 
 

@@ -25,6 +25,7 @@ import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness_adapters import registry
+from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.records import RunPaths
 from orchestrator.rows import STATELESS_ROWS
 from proxy.host import die_with_parent, free_port
@@ -143,7 +144,7 @@ class RunInterrupted(Exception):
         self.run_dir = run_dir
 
 
-class GridMismatch(ValueError):
+class GridMismatch(ConfigError):
     """A run folder was asked to continue with a grid other than the one it was started with."""
 
 
@@ -158,7 +159,7 @@ def set_usd_per_cell(run_dir: Path, usd: float) -> None:
     """Change the stored grid's limits.usd_per_cell (the one field a run may change: it decides
     when a cell stops, never what a verdict is)."""
     if not usd > 0:
-        raise ValueError(f"--usd-per-cell {usd}: give a positive number of dollars")
+        raise ConfigError(f"--usd-per-cell {usd}: give a positive number of dollars")
     path = RunPaths(run_dir).grid
     grid = load_grid(path)
     grid.limits.usd_per_cell = usd
@@ -246,7 +247,7 @@ def execute(run_dir: Path, workers: int | None = None, show_progress: bool = Tru
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     if grid.collective is not None:
-        raise ValueError(f"{run_dir}: a collective grid runs its users in rounds: "
+        raise ConfigError(f"{run_dir}: a collective grid runs its users in rounds: "
                          "orchestrator.run.collective.runner.execute_collective (carc grid run does)")
     refuse_host_programs(grid)
     cells = grid.cells()
@@ -329,7 +330,7 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
                 raise
             _drain(events, progress, bars)
     if failures:
-        raise RuntimeError("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+        raise RunFailed("cells failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
     return stopped
 
 

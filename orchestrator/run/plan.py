@@ -21,6 +21,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.errors import ConfigError
 from orchestrator.records import CellPaths, CellRecord, RunPaths, read_events, standing
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, price_table
 from proxy.journal import read_journal
@@ -35,7 +36,7 @@ MAX_WORKERS = 64    # GridConfig.workers' own bound
 EFFORT_ORDER = ("minimal", "low", "medium", "high", "xhigh", "max")
 
 
-class PlanError(ValueError):
+class PlanError(ConfigError):
     """A priors file or pilot run that cannot be used; the message names the file and what to fix."""
 
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchestrator.errors import MachineError, RunFailed
 from orchestrator.records import CellFence, RecordsUnwritable, RunPaths, read_events
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid
 
@@ -57,7 +58,7 @@ NODE_TASK_TIMEOUT_S = 900  # preparing images may build them on a fresh node
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-class NoDockerNodes(RuntimeError):
+class NoDockerNodes(MachineError):
     """The Ray cluster offers no `docker` resource: no node can host a cell."""
 
 
@@ -476,7 +477,7 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
         if owned:
             ray.shutdown()
     if failures:
-        raise RuntimeError("cells failed (resume with `carc grid run --resume RUN --executor ray`):\n"
+        raise RunFailed("cells failed (resume with `carc grid run --resume RUN --executor ray`):\n"
                            + "\n".join(failures))
     return stopped
 

@@ -39,6 +39,7 @@ import structlog
 from harness_adapters import registry
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import HarnessError
+from orchestrator.errors import CarcError, InfrastructureError
 from orchestrator.protocol import FailureKind, Limits
 from orchestrator.records import (RECORDS_FORMAT, SNAPSHOT_LEFT_OUT_KEPT, CellPaths, Event, EventLog,
                                   RecordsUnwritable, current_attempt, read_events)
@@ -69,12 +70,12 @@ class CellStopped(Exception):
     cleanly, recorded, and continues on resume once the limit is raised."""
 
 
-class InfrastructureFault(RuntimeError):
+class InfrastructureFault(InfrastructureError):
     """The cell's proxy or a container stopped under an instance. Never charged to the learner:
     the instance is journaled as interrupted and run again from its start."""
 
 
-class ReplayMismatch(RuntimeError):
+class ReplayMismatch(CarcError, RuntimeError):
     """A resumed instance replayed its logged steps and the protocol (or the engine) answered
     otherwise than the records say: it cannot resume exactly."""
 

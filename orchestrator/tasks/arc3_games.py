@@ -15,10 +15,11 @@ import json
 from pathlib import Path
 
 from orchestrator.arc3 import GameInfo
+from orchestrator.errors import ConfigError
 from orchestrator.tasks.base import ArcInstance
 
 
-class GamesError(ValueError):
+class GamesError(ConfigError):
     """An environments folder that cannot be used; the message names the file and the fix."""
 
 

@@ -36,6 +36,8 @@ from typing import Literal, Mapping
 
 import yaml
 
+from orchestrator.errors import ConfigError
+
 SYMMETRY_NAMES: tuple[str, ...] = ("identity", "rot90", "rot180", "rot270", "flip_h", "flip_v",
                                    "transpose", "antitranspose")
 FORMAT = 2
@@ -43,7 +45,7 @@ PASSES = ("A", "B")
 Status = Literal["decided", "undecided", "disagreement"]
 
 
-class LabelsError(ValueError):
+class LabelsError(ConfigError):
     """A symmetry labels file that cannot be used; the message names the file, line and task."""
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import random
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid
+from orchestrator.errors import CarcError
 from orchestrator.tasks.base import MAX_DEMOS, ArcInstance, derive_seed
 from orchestrator.tasks.own import OWN_TASKS, SPLITS, OwnTask, Redraw
 
 MAX_ATTEMPTS = 50
 
 
-class OwnTaskError(RuntimeError):
+class OwnTaskError(CarcError, RuntimeError):
     """An own task's generator kept producing pairs that fail their checks: a bug in that generator."""
 
 

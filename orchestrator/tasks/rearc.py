@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.arc import Demo, Grid, GridError, as_grid
+from orchestrator.errors import MachineError
 from orchestrator.tasks.base import MAX_DEMOS, ArcInstance, derive_seed
 
 REARC_REPO = "https://github.com/michaelhodel/re-arc"
@@ -51,7 +52,7 @@ UNCHANGED = "input equals output"
 REPEATED = "repeated input"
 
 
-class ReArcError(RuntimeError):
+class ReArcError(MachineError):
     """Re-ARC cannot serve: a missing or broken checkout, or a task that yields no valid example."""
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchestrator.errors import RunFailed
 from orchestrator.records import CellFence, RunPaths
 from orchestrator.rows import row
 from orchestrator.run.collective.runner import (Checkers, UserRunner, model_host, round_model, row_failures,
@@ -182,7 +183,7 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
         if owned:
             ray.shutdown()
     if failures:
-        raise RuntimeError("rows failed (resume with `carc grid run --resume RUN --executor ray`):\n"
+        raise RunFailed("rows failed (resume with `carc grid run --resume RUN --executor ray`):\n"
                            + "\n".join(failures))
     return []
 

@@ -42,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness_adapters import registry
 from harness_adapters.chat_model import ChatModel
 from harness_adapters.program_check import ProgramExecutor, SandboxExecutor, local_executor
+from orchestrator.errors import RunFailed
 from orchestrator.run.collective.schedule import UserSlot, rounds, user_schedule
 from orchestrator.prompts import PromptSet
 from orchestrator.records import (CellPaths, EventLog, RunPaths, SandboxRecord, UserPaths, read_events,
@@ -388,7 +389,7 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
             from sandboxes.docker_sandbox import prune
             prune(run=run_dir.name)
     if failures:
-        raise RuntimeError("rows failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
+        raise RunFailed("rows failed (resume with `carc grid run --resume RUN`):\n" + "\n".join(failures))
     return []
 
 
