@@ -112,6 +112,7 @@ def flaky_app(served: list[Served], arrivals: list[float]) -> FastAPI:
     return app
 
 
+@pytest.mark.real_retry_waits  # it checks that each retry waited as long as it was asked
 @pytest.mark.parametrize("api", list(MODELS))
 def test_429_and_503_are_retried_after_the_wait_asked_for_and_every_attempt_is_journaled(tmp_path, api):
     served: list[Served] = []
