@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.errors import CarcError
+from orchestrator.errors import CarcError, ConfigError
 from proxy.host import PLACEHOLDER_KEY
 from proxy.journal import TAG_HEADER
 
@@ -339,7 +339,7 @@ def retry_wait_scale() -> float:
     except ValueError:
         scale = -1.0
     if not scale >= 0:
-        raise ValueError(f"{RETRY_WAIT_SCALE_ENV}={value!r} is not a factor >= 0; unset it, or set "
+        raise ConfigError(f"{RETRY_WAIT_SCALE_ENV}={value!r} is not a factor >= 0; unset it, or set "
                          f"e.g. 1 (the waits as computed) or 0 (retry at once)")
     return scale
 

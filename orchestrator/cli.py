@@ -22,13 +22,12 @@ class CarcCommands(TyperGroup):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            if _DEBUG["on"]:
+            if ctx.params.get("debug"):
                 raise
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
 
-_DEBUG = {"on": False}
 app = typer.Typer(cls=CarcCommands, add_completion=False, no_args_is_help=True,
                   pretty_exceptions_show_locals=False,  # a frame's locals may hold a key
                   help="Continual-ARC harness grid: streams, learners, records and reports.")
@@ -57,7 +56,7 @@ console = Console()
 
 @app.callback()
 def main(debug: bool = typer.Option(False, "--debug", help="show the traceback of a user error too")) -> None:
-    _DEBUG["on"] = debug
+    pass  # --debug is read where errors are handled: CarcCommands.invoke
 
 
 def _fail(message: str) -> None:

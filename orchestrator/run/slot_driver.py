@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import structlog
 
@@ -50,6 +50,7 @@ from proxy.journal import JOURNAL_FILE, JournalTail
 from sandboxes.environment import StateVolume
 
 log = structlog.get_logger("carc.runner")
+T = TypeVar("T")
 
 # How often a cell's services are restarted after an infrastructure fault before the cell stops.
 INFRASTRUCTURE_RESTARTS = 2
@@ -260,6 +261,25 @@ class SpendMeter:
         return sum(e.cost_usd or 0.0 for e in (*ends.values(), *superseded))
 
 
+def run_restarting(attempt: Callable[[], T], exhausted: Callable[[InfrastructureFault], Exception] | None,
+                   restartable: bool = True, **where: Any) -> T:
+    """`attempt()`, run again after an InfrastructureFault (its services fresh, the interrupted
+    instance from its start, its steps before the fault superseded, exactly as a resumed run
+    would), up to INFRASTRUCTURE_RESTARTS times. Past that, or when not `restartable`, the fault
+    goes on: as `exhausted(fault)` says, or unchanged when `exhausted` is None. The one restart
+    policy of cells and collective users."""
+    for restart in range(INFRASTRUCTURE_RESTARTS + 1):
+        try:
+            return attempt()
+        except InfrastructureFault as exc:
+            if not restartable or restart == INFRASTRUCTURE_RESTARTS:
+                if exhausted is None:
+                    raise
+                raise exhausted(exc) from exc
+            log.warning("infrastructure_fault_restart", fault=str(exc), restart=restart + 1, **where)
+    raise AssertionError("unreachable")
+
+
 class SlotDriver(ABC):
     """The instance loop, for a runner that has `grid`, `cell`, `cell_dir`, `paths`, `limits`,
     `fence` and `journal_tail`; while it runs, `services` (None: none, the state a host folder)
@@ -280,24 +300,21 @@ class SlotDriver(ABC):
 
     def run(self) -> str:
         """Run the cell to its end; returns "done", or "stopped" when a limit stopped it."""
+        def attempt() -> str:
+            try:
+                self._run()
+                return "done"
+            except CellStopped as exc:
+                log.warning("cell_stopped", cell=self.cell.cell, reason=str(exc))
+                return "stopped"
+
+        def exhausted(exc: InfrastructureFault) -> InfrastructureFault:
+            return InfrastructureFault(
+                f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of {self.restarted} "
+                "(resume with `carc grid run --resume` once the cause is fixed)")
+
         with cell_lock(self.paths.lock, LOCK_TRIES if self.fence is None else FENCED_LOCK_TRIES, self.cell_dir):
-            for restart in range(INFRASTRUCTURE_RESTARTS + 1):
-                try:
-                    self._run()
-                    return "done"
-                except CellStopped as exc:
-                    log.warning("cell_stopped", cell=self.cell.cell, reason=str(exc))
-                    return "stopped"
-                except InfrastructureFault as exc:
-                    if restart == INFRASTRUCTURE_RESTARTS:
-                        raise InfrastructureFault(
-                            f"{exc}; stopped after {INFRASTRUCTURE_RESTARTS} restarts of {self.restarted} "
-                            "(resume with `carc grid run --resume` once the cause is fixed)") from exc
-                    # Fresh services, and the interrupted instance run again from its start (its
-                    # steps before the fault superseded), exactly as a resumed run would.
-                    log.warning("infrastructure_fault_restart", cell=self.cell.cell, fault=str(exc),
-                                restart=restart + 1)
-        raise AssertionError("unreachable")
+            return run_restarting(attempt, exhausted, cell=self.cell.cell)
 
     @abstractmethod
     def _run(self) -> None:

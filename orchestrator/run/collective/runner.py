@@ -54,7 +54,7 @@ from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid,
 from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
 from orchestrator.run.runner import CellRunner
 from orchestrator.run.schedule import ScheduledSlot
-from orchestrator.run.slot_driver import INFRASTRUCTURE_RESTARTS, InfrastructureFault
+from orchestrator.run.slot_driver import run_restarting
 from proxy.journal import make_tag
 
 log = structlog.get_logger("carc.collective")
@@ -107,15 +107,9 @@ class UserRunner(CellRunner):
         """Run this user's unfinished slots of round `number`; returns how many instances ran.
         A harness user's sandbox that fails under it (an infrastructure fault) is replaced and
         the instance run again from its start, as a single-user cell does."""
-        for restart in range(INFRASTRUCTURE_RESTARTS + 1):
-            try:
-                return self._run_round(number, row_services, shared_dir, stop, done)
-            except InfrastructureFault as exc:
-                if self.cell.learner not in HARNESSES or restart == INFRASTRUCTURE_RESTARTS:
-                    raise
-                log.warning("infrastructure_fault_restart", cell=self.cell.cell, user=self.user,
-                            fault=str(exc), restart=restart + 1)
-        raise AssertionError("unreachable")
+        return run_restarting(lambda: self._run_round(number, row_services, shared_dir, stop, done),
+                              None, restartable=self.cell.learner in HARNESSES,
+                              cell=self.cell.cell, user=self.user)
 
     @contextmanager
     def _services(self, row_services: CellServices | None, shared_dir: Path | None) -> Iterator[CellServices]:
