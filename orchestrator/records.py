@@ -45,6 +45,7 @@ from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator import fault_points
 from orchestrator.errors import MachineError
 from orchestrator.protocol import FailureKind
 
@@ -434,6 +435,7 @@ class EventLog:
         except (OSError, ValueError) as exc:  # the fence could not be locked or read
             raise RecordsUnwritable(f"{self.path}: cannot check this attempt's fence ({exc}); "
                                     "fix the folder, then resume the run") from exc
+        fault_points.reached(self.path, event.type, event.slot)  # a test's named fault, if armed
 
     def _write(self, line: str, durable: bool = True) -> None:
         try:

@@ -20,6 +20,10 @@ Layout of a journal directory:
                              the journal (a restarted proxy, or the host at teardown:
                              `settle_in_flight`) journals it as an error line, so the journal
                              counts every call the upstream may have billed
+    .writer.lock             flock(2)ed by the journal's one writer while it lives: a proxy of a
+                             killed run can outlive it by a second or more (its parent's death
+                             signals it, and it shuts down), and the next writer waits for it to
+                             end before it cuts a torn tail or settles the calls left in flight
 
 The slot control file is owned by the orchestrator (the sandbox cannot reach it): it says which
 instance slot the cell is on and whether the verdict has been given, so every call is tagged with
@@ -29,6 +33,7 @@ the slot and phase it happened in.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gzip
 import json
 import os
@@ -47,6 +52,8 @@ RAW_DIR = "raw"
 READY_FILE = "proxy.ready"  # written by the addon once it is loaded and the proxy listens
 IN_FLIGHT_FILE = "in-flight.jsonl"
 IN_FLIGHT_COMPACT_BYTES = 1 << 20
+WRITER_LOCK_FILE = ".writer.lock"
+WRITER_WAIT_S = 60.0  # how long a new writer waits for the last one to end
 # The size of a call's request over this is its prompt tokens' upper bound, for pricing a call
 # whose answer was never seen (a token is rarely under 3 bytes of JSON).
 BYTES_PER_TOKEN_AT_LEAST = 3
@@ -168,6 +175,7 @@ class JournalWriter:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         (self.directory / RAW_DIR).mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _sole_writer(self.directory)
         self.path = self.directory / JOURNAL_FILE
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _cut_torn_tail(self._fd, self.path)
@@ -256,6 +264,27 @@ class JournalWriter:
     def close(self) -> None:
         os.close(self._fd)
         os.close(self._in_flight_fd)
+        os.close(self._lock_fd)  # the next writer may start
+
+
+def _sole_writer(directory: Path, wait_s: float | None = None) -> int:
+    """The journal's writer lock, held (an open descriptor) until the writer closes or dies. Waits
+    for a writer still alive, such as the proxy of a run killed a moment ago."""
+    wait_s = WRITER_WAIT_S if wait_s is None else wait_s
+    fd = os.open(directory / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TimeoutError(
+                    f"{directory}: another proxy still writes this journal after {wait_s:.0f} s "
+                    f"(it holds {WRITER_LOCK_FILE}); end it (`fuser {directory / WRITER_LOCK_FILE}` "
+                    "names it) and start again") from None
+            time.sleep(0.05)
 
 
 def settle_in_flight(directory: str | os.PathLike[str]) -> int:

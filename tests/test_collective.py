@@ -22,6 +22,7 @@ import pytest
 
 from harness_adapters.demo_cache_floor import DemoCache, DemoCacheFloor
 from harness_adapters.program_library import ProgramLibrary
+from orchestrator import fault_points
 from orchestrator.arc import Demo
 from orchestrator.tasks.frames import Frame
 from orchestrator.run.collective import runner as collective_runner
@@ -478,16 +479,24 @@ def test_a_round_model_is_one_model_and_says_which_field_is_wrong():
         RoundModel(prior="prior.json", name="m")
 
 
-def _run_cli(run_dir: Path, workers: int | None = None) -> subprocess.Popen:
+def _run_cli(run_dir: Path, workers: int | None = None, fault: str | None = None) -> subprocess.Popen:
+    """The CLI on `run_dir`, its output appended to `cli.log` beside the run folder (read by
+    `_cli_log` when an exit code is not the one expected); `fault`: the point where it faults
+    itself (orchestrator/fault_points.py)."""
+    log = (run_dir.parent / "cli.log").open("ab")
+    log.write(f"--- carc grid run --resume (workers={workers}, fault={fault})\n".encode())
+    log.flush()
+    env = {k: v for k, v in os.environ.items() if k != fault_points.FAULT_ENV}
+    if fault:
+        env[fault_points.FAULT_ENV] = fault
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume",
                              str(run_dir), "--no-report",
                              *(["--workers", str(workers)] if workers else [])],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _lines(run_dir: Path) -> int:
-    return sum(u.events.read_text().count("\n") for c in RunPaths(run_dir).cell_folders()
-               for u in c.user_folders() if u.events.exists())
+def _cli_log(run_dir: Path) -> str:
+    return (run_dir.parent / "cli.log").read_text(errors="replace")[-6000:]
 
 
 @pytest.mark.slow
@@ -499,31 +508,15 @@ def test_ctrl_c_then_sigkill_mid_round_then_resume_loses_double_charges_and_wron
     uninterrupted one on four: nothing lost, nothing charged twice, and the worker count changes
     no result. (One run for the three: each is a whole grid's time.)"""
     run_dir = make_run(tmp_path, "interrupted")
-    proc = _run_cli(run_dir)
-    deadline = time.time() + 180
-    while proc.poll() is None and time.time() < deadline and _lines(run_dir) < 150:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=300) != 0
+    # Ctrl-C from the run itself once it has recorded 120 steps: never racing its end
+    assert _run_cli(run_dir, fault="sigint-group after 120 step").wait(timeout=300) == 130, _cli_log(run_dir)
     stopped = outcomes(run_dir)
     assert 0 < len(stopped) < len(outcomes(reference))
     assert {key: stopped[key] for key in stopped} == {key: outcomes(reference)[key] for key in stopped}
-    kills = 0
-    for _ in range(3):
-        proc = _run_cli(run_dir)
-        start, deadline = _lines(run_dir), time.time() + 180
-        while proc.poll() is None and time.time() < deadline:
-            if _lines(run_dir) >= start + 60:
-                break
-            time.sleep(0.02)
-        if proc.poll() is not None:
-            break
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        kills += 1
-    assert kills >= 2, "the run finished before it could be killed twice"
-    assert _run_cli(run_dir, workers=1).wait(timeout=600) == 0
+    for _ in range(2):  # SIGKILL of the whole run, 50 steps into each resume
+        assert _run_cli(run_dir, fault="sigkill-group after 50 step").wait(timeout=300) == -signal.SIGKILL, \
+            _cli_log(run_dir)
+    assert _run_cli(run_dir, workers=1).wait(timeout=600) == 0, _cli_log(run_dir)
     assert_records_consistent(run_dir)
     assert outcomes(run_dir) == outcomes(reference)
     assert shared_digests(run_dir) == shared_digests(reference)

@@ -5,9 +5,8 @@ same grid ends: the same verdicts and charges for every (row, user, slot), the s
 after every update step.
 
 The cluster is tests/test_ray_executor.py's (a head with no `docker` slot, two worker nodes with
-one each), and so is the way a node is lost: the node running the user is frozen between two of
-its records once the user has ended an instance and is inside the next one, and removed from the
-cluster. The grid: the program library's collective row (program checks in Docker containers on
+one each), and so is the way a node is lost: the user's attempt freezes itself after the first step of
+its third instance (a named fault point), and its node is removed from the cluster. The grid: the program library's collective row (program checks in Docker containers on
 the nodes) and the stateless floor on a model trained between rounds (each round's task serves
 the embedded model with that round's prior on its node).
 """
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import fault_points
 from orchestrator.records import CellFence, RunPaths, read_events
 from orchestrator.run.collective.runner import execute_collective
 from proxy.journal import read_journal
@@ -67,9 +67,8 @@ def reference(tmp_path_factory) -> Path:
 def test_a_user_whose_node_is_lost_mid_round_resumes_once_and_the_run_ends_as_the_local_run(
         tmp_path, cluster, reference):
     run = make_run(tmp_path, "collective-ray")
-    # inside the first instance of round 1, with one more to go in the task: twice on CI a user
-    # caught in the last (kept-program, ~40 ms) instance of round 0 ended its round untouched
-    lost = run_losing_a_node(cluster, run, "shared", lost=LOST, slots=(2,))
+    # inside the first instance of round 1, with one more to go in the task
+    lost = run_losing_a_node(cluster, run, "shared", lost=LOST, slot=2)
 
     # the lost user's round was taken over on the other node, and the instance it was inside resumed
     attempts = CellFence.read(lost.root)["attempts"]
@@ -168,19 +167,24 @@ def test_ctrl_c_on_ray_leaves_nothing_and_the_local_executor_resumes_the_run_to_
     run = make_run(tmp_path, "collective-ray-interrupted")
     # What this run starts inherits this mark: another carc run on the machine is not a leftover
     mark = f"{run}-{os.getpid()}"
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
-                               "--executor", "ray", "--workers", "2", "--no-report"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                              env={**os.environ, RUN_MARK: mark})
+    # the named point: a user's first step of its third instance (a third of the run done)
+    point = run.parent / "fault-mark"
+    fault = {fault_points.FAULT_ENV: "mark after 1 step of slot 2", fault_points.MARK_ENV: str(point)}
+    log = run.parent / "driver.log"
+    with open(log, "wb") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                                   "--executor", "ray", "--workers", "2", "--no-report"],
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**os.environ, RUN_MARK: mark, **fault})
     try:
         deadline = time.monotonic() + 300
-        while len(outcomes(run)) < 3:
-            assert driver.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"
+        while not point.exists():
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
         # the mark reaches what the run started (else no leftover could be seen below)
         assert {"raylet", "gcs_server", "model serve"} <= set(started(mark))
         os.killpg(driver.pid, signal.SIGINT)
-        assert driver.wait(timeout=120) == 130
+        assert driver.wait(timeout=120) == 130, log.read_text()[-3000:]
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)

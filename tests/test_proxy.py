@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -832,3 +833,47 @@ def test_a_call_in_flight_when_the_proxy_is_killed_is_journaled_at_teardown_and_
         assert (journal / "in-flight.jsonl").stat().st_size == 0
     HostProxy(journal, cell="cell-k", upstream=upstream.url, confdir=tmp_path / "conf").stop()
     assert len([e for e in read_journal(journal) if "in flight" in (e.error or "")]) == 2  # not again
+
+
+LINGERING_WRITER = """\
+import sys, time
+from proxy.journal import JournalWriter
+from tests.test_proxy import sample_entry
+writer = JournalWriter(sys.argv[1])
+writer.begin(sample_entry(id="late"))
+print("begun", flush=True)
+time.sleep(1.0)  # a killed run's proxy, shutting down, still finishes its call
+writer.write(sample_entry(id="late"))
+writer.settled("late")
+writer.close()
+"""
+
+
+def test_a_new_writer_waits_for_a_killed_runs_proxy_still_writing_the_journal(tmp_path):
+    """A proxy outlives its killed run by a moment (its parent's death signals it). The next
+    proxy of the journal (a resume) waits for it to end, so the call it was finishing is
+    journaled once, by it, not also as abandoned by the new writer."""
+    old = subprocess.Popen([sys.executable, "-c", LINGERING_WRITER, str(tmp_path)],
+                           stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    try:
+        assert old.stdout.readline() == "begun\n"
+        writer = JournalWriter(tmp_path)  # waits for the old writer to close
+        assert writer.abandoned == 0
+        writer.write(sample_entry(id="next"))
+        writer.close()
+        assert [e.id for e in read_journal(tmp_path)] == ["late", "next"]
+    finally:
+        old.kill()
+        old.wait()
+
+
+def test_a_writer_that_never_ends_is_named_with_how_to_find_it(tmp_path):
+    from proxy import journal
+
+    first = JournalWriter(tmp_path)
+    try:
+        with pytest.raises(TimeoutError, match=r"another proxy still writes this journal after 0 s .*fuser"):
+            journal._sole_writer(tmp_path, wait_s=0.2)
+    finally:
+        first.close()
+    JournalWriter(tmp_path).close()  # once it ended, the journal is free

@@ -7,16 +7,14 @@ runs there) and two worker nodes with one `docker` slot each, so each cell has a
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is Ray's switch that keeps every node on 127.0.0.1.
 The grid: a ladder cell whose program checks run in a Docker container (program-library) and a
 harness cell (hermes-agent), on the embedded model. The node running the program library is
-frozen once the cell has ended an instance and is inside the next one (its last record is an
-instance start or a step that did not end the instance) and removed from the cluster (its raylet
-killed); its worker, if Ray has not ended it with the node, is let go only after Ray retried the
+frozen after the first step of its third instance (the attempt stops itself at that named point:
+orchestrator/fault_points.py) and removed from the cluster (its raylet killed); its worker, if Ray has not ended it with the node, is let go only after Ray retried the
 cell elsewhere (a partitioned node coming back: the fence refuses its every further record;
 tests/test_cell_fence.py proves that part on its own).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import signal
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import fault_points
 from orchestrator.records import CellFence, CellPaths, read_events
 from orchestrator.run.grid_run import execute
 from orchestrator.run.status import run_status
@@ -87,23 +86,6 @@ def cluster(monkeypatch, tmp_path):
         made.shutdown()
 
 
-def mid_instance(cell: CellPaths) -> bool:
-    """The cell ended an instance and is inside the next one."""
-    events = read_events(cell.events)
-    if not any(e.type == "instance_end" for e in events):
-        return False
-    last = events[-1]
-    return last.type in ("instance_start", "resumed") or (last.type == "step" and not last.over)
-
-
-def open_instance(cell: CellPaths) -> tuple[int, int | None, str]:
-    """(the fence's token, the slot of the last event, its holder): which attempt is inside
-    which instance."""
-    record = CellFence.read(cell.root)
-    events = read_events(cell.events)
-    return record["token"], events[-1].slot if events else None, record["attempts"][-1]["holder"]
-
-
 def holder(cell: CellPaths) -> tuple[str, int]:
     """The node id and pid of the cell's current attempt."""
     attempt = CellFence.read(cell.root)["attempts"][-1]["holder"]
@@ -135,24 +117,27 @@ def stopped(pid: int, within_s: float = 5.0) -> bool:
 
 
 def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
-                      seen_running: list | None = None, slots: tuple[int, ...] | None = None) -> CellPaths:
-    """Run `run` on the cluster, losing the node of the cell `lost` mid-instance; that cell
-    (or that collective user: `lost` is then `<row>/users/uNNNN`). With `seen_running`,
-    `carc status` is read just before the node is frozen and appended; with `slots`, only an
-    instance of one of these slots is frozen.
+                      seen_running: list | None = None, slot: int = 2) -> CellPaths:
+    """Run `run` on the cluster, losing the node of the cell `lost` (or of the collective user
+    `lost`: `<row>/users/uNNNN`) inside its instance of `slot`, after one step (the instances
+    before it ended). With `seen_running`, `carc status` is read while the node is frozen and
+    appended.
 
-    The node is frozen while this test holds the cell's fence lock (`.attempt.lock`), so never
-    inside a record's write: a process stopped there would hold the lock until it is let go,
-    and the retried attempt's `CellFence.take` would wait on it for good. That is an artefact of
-    freezing a process on the same machine (a lost NFS client's lock ends with its lease), and it
-    once stopped this test on CI for its whole deadline."""
+    The attempt freezes itself at that named point (CARC_TEST_FAULT, orchestrator/fault_points.py):
+    right after the step's record, outside its fence lock (a process stopped inside a record's
+    write would hold the lock, and the retried attempt would wait on it for good: an artefact of
+    freezing a process on the same machine; a lost NFS client's lock ends with its lease). Its
+    mark file names the frozen process once; the retried attempt passes the same point."""
     head, workers = cluster
     log = run.parent / f"{run.name}.driver.log"
+    mark = run.parent / f"{run.name}.fault-mark"
+    fault = {fault_points.FAULT_ENV: f"freeze after 1 step of slot {slot} in {lost}/",
+             fault_points.MARK_ENV: str(mark)}
     with open(log, "wb") as out:
         driver = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run), "--executor",
              "ray", "--address", head.address, "--durability", durability, "--no-report"],
-            env={**os.environ, **LOOPBACK}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env={**os.environ, **LOOPBACK, **fault}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def driver_ran(why: str) -> str:
         return f"{why}; the driver's output (last 3000 characters):\n{log.read_text(errors='replace')[-3000:]}"
@@ -161,32 +146,21 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
     stale_pid = None
     try:
         deadline = time.monotonic() + 600
-        while stale_pid is None:
-            assert driver.poll() is None, driver_ran("the driver ended before the node was lost")
-            assert time.monotonic() < deadline, driver_ran("the cell never got inside a second instance")
-            if not (killed.attempt.exists() and killed.events.exists() and mid_instance(killed)):
-                time.sleep(0.01)
-                continue
-            node_id, pid = holder(killed)
-            seen = open_instance(killed)
-            if slots is not None and seen[1] not in slots:
-                time.sleep(0.01)
-                continue
-            if seen_running is not None:
-                seen_running.append({c.cell: c.state for c in run_status(run).cells})
-            with open(killed.attempt_lock, "a") as fence_lock:
-                fcntl.flock(fence_lock, fcntl.LOCK_EX)  # the attempt is between two records
-                os.kill(pid, signal.SIGSTOP)  # the node freezes: nothing more of it reaches the folder
-                frozen_now = stopped(pid)  # once every thread of it has stopped, not when the signal is sent
-            # still inside the same instance of the same attempt (else it ended in between, or a
-            # new attempt, a collective user's next round, took over: try again)
-            if not frozen_now or not mid_instance(killed) or open_instance(killed) != seen:
-                os.kill(pid, signal.SIGCONT)
-                continue
-            frozen = seen[0]  # the token, unchanged since it was seen (checked above)
-            node = next(n for n in workers if n.node_id == node_id)
-            head.remove_node(node, allow_graceful=False)
-            stale_pid = pid
+        while not mark.exists() or not mark.read_text().endswith("\n"):
+            assert driver.poll() is None, driver_ran("the driver ended before the attempt reached its fault point")
+            assert time.monotonic() < deadline, driver_ran("the attempt never reached its fault point")
+            time.sleep(0.05)
+        stale_pid = int(mark.read_text().split()[0])
+        assert stopped(stale_pid, within_s=30), f"pid {stale_pid} did not stop itself at its fault point"
+        node_id, pid = holder(killed)
+        assert pid == stale_pid, (pid, stale_pid)  # the cell's current attempt is the frozen one
+        last = read_events(killed.events)[-1]
+        assert (last.type, last.slot, last.step) == ("step", slot, 1), last
+        if seen_running is not None:
+            seen_running.append({c.cell: c.state for c in run_status(run).cells})
+        frozen = CellFence.read(killed.root)["token"]
+        node = next(n for n in workers if n.node_id == node_id)
+        head.remove_node(node, allow_graceful=False)
         # Ray notices the lost node and retries the cell on the other one (after the harness cell);
         # once (a collective user's round, in a fresh clone's CI run) Ray took 418 s for it
         deadline = time.monotonic() + 900
@@ -398,7 +372,7 @@ def test_a_harness_cell_whose_node_is_lost_mid_instance_resumes_once_in_a_new_sa
     replies cannot equal an uninterrupted run's (the resumed instance is a new conversation), so
     unlike the ladder cell's its verdicts are not compared with a local run."""
     run = make_run(tmp_path, "ray-executor-harness", HARNESS_GRID)
-    killed = run_losing_a_node(cluster, run, "shared", lost=HARNESS)
+    killed = run_losing_a_node(cluster, run, "shared", lost=HARNESS, slot=1)
     assert_resumed_elsewhere_once(run, killed, slots=2)
     resumed = next(e for e in read_events(killed.events) if e.type == "resumed")
     ended = {e.slot: e for e in read_events(killed.events) if e.type == "instance_end"}

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchestrator import fault_points
 from orchestrator.errors import MachineError, RunFailed
 from orchestrator.records import CellFence, RecordsUnwritable, RunPaths, read_events
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid
@@ -84,8 +85,13 @@ def cell_options(grid: GridConfig, cell: Cell | None = None) -> dict:
         _, cost = load_scale_priors().cost(cell.learner)
         cpus = min(cpus, max(0.001, round(cost.cpu_cores, 3)))
         memory = min(memory, int(cost.rss_mb * 2**20))
-    return {"num_cpus": cpus, "memory": memory, "resources": {DOCKER_RESOURCE: 1},
-            "max_retries": CELL_RETRIES, "retry_exceptions": False}
+    options = {"num_cpus": cpus, "memory": memory, "resources": {DOCKER_RESOURCE: 1},
+               "max_retries": CELL_RETRIES, "retry_exceptions": False}
+    armed = {name: os.environ[name] for name in (fault_points.FAULT_ENV, fault_points.MARK_ENV)
+             if os.environ.get(name)}
+    if armed:  # a test's named fault point reaches the attempts, wherever they run
+        options["runtime_env"] = {"env_vars": armed}
+    return options
 
 
 def attempt_holder() -> str:
