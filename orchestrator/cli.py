@@ -84,34 +84,16 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
                                             "records reach the head's folder as they are written")) -> None:
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.records import RunPaths
-    from orchestrator.run.grid_run import RunInterrupted, execute, open_run, set_usd_per_cell, stopped_cells
+    from orchestrator.run import executors
+    from orchestrator.run.grid_run import RunInterrupted, open_run, set_usd_per_cell, stopped_cells
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")
-    if executor == "ray":
-        try:
-            from orchestrator.run.ray_executor import execute_ray_run
-        except ImportError as exc:
-            _fail(f"--executor ray needs Ray ({exc}): pip install 'carc\\[ray]'")
+    executors.check(executor, address, durability)  # before a run folder is made
 
-        def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
-            from orchestrator.run.grid_config import load_grid
-            if load_grid(RunPaths(run_dir).grid).collective is not None:  # a Ray task per user and round
-                from orchestrator.run.collective.on_ray import execute_collective_ray
-                return execute_collective_ray(run_dir, workers, address, durability=durability)
-            return execute_ray_run(run_dir, workers, address, durability=durability)
-    elif executor == "local":
-        if address is not None or durability != "shared":
-            _fail("--address and --durability are for --executor ray")
+    def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
+        return executors.run(run_dir, executor, workers, address=address, durability=durability)
 
-        def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
-            from orchestrator.run.grid_config import load_grid
-            if load_grid(RunPaths(run_dir).grid).collective is not None:  # users in rounds
-                from orchestrator.run.collective.runner import execute_collective
-                return execute_collective(run_dir, workers)
-            return execute(run_dir, workers)
-    else:
-        _fail(f"--executor {executor}: give local or ray")
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
     try:
         if resume is not None:

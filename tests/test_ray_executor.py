@@ -379,3 +379,39 @@ def test_a_harness_cell_whose_node_is_lost_mid_instance_resumes_once_in_a_new_sa
     # the lost node is not the learner's doing: the resumed instance is not charged as a crash
     assert ended[resumed.slot].failure_kind not in ("crash", "learner-error", "other"), ended[resumed.slot]
     assert not [e for e in read_events(killed.events) if e.type == "learner_error"]
+
+
+ARC3_GRID = """\
+name: ray-arc3-it
+seed: 1
+track: {{name: arc3, environments_dir: {games}, visits: 2}}
+orders: [sequential]
+efforts: [low]
+learners: [arc3-explorer, arc3-library]
+workers: 2
+"""
+
+
+def test_an_arc3_grid_runs_on_ray_through_the_executor_of_every_grid_and_ends_as_the_local_run(
+        tmp_path, cluster):
+    """The ARC-AGI-3 track's cells are Ray tasks like any cell (orchestrator/run/executors.py):
+    each attempt takes its fence on a worker node, plays its levels through an engine container
+    of its own there, and the run ends as the local pool's run of the same grid."""
+    from tests.test_arc3_engine import games_dir
+
+    head, workers = cluster
+    grid = ARC3_GRID.format(games=games_dir("toolkit_test_environment_files"))
+    reference = make_run(tmp_path, "arc3-local", grid)
+    execute(reference, show_progress=False)
+    run = make_run(tmp_path, "arc3-ray", grid)
+    ran = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                          "--executor", "ray", "--address", head.address, "--no-report"],
+                         capture_output=True, text=True, timeout=900, env={**os.environ, **LOOPBACK})
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    worker_ids = {n.node_id for n in workers}
+    for cell in ("arc3-explorer.low.sequential.s1", "arc3-library.low.sequential.s1"):
+        attempts = CellFence.read(run / "cells" / cell)["attempts"]
+        assert len(attempts) == 1 and attempts[0]["holder"].split()[1] in worker_ids, attempts
+    assert instances(run) == instances(reference)
+    assert sum(len(ends) for ends in instances(run).values()) == 2 * 2 * 2  # 2 cells x 2 games x 2 visits
+    assert _run_labelled(run.name) == []

@@ -121,7 +121,7 @@ def _init_worker(progress_queue, warm_proxy: bool = False) -> None:
 def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> str:
     """Worker entry point: run one cell, reporting progress through the worker's queue; returns
     "done", or "stopped" when the cell reached a limit (limits.usd_per_cell)."""
-    from orchestrator.run.runner import CellRunner
+    from orchestrator.run.runner import cell_runner
 
     grid = load_grid(grid_path)
     cell = Cell.model_validate_json(cell_json)
@@ -129,10 +129,7 @@ def _run_cell(grid_path: str, cell_json: str, cell_dir: str, base_url: str) -> s
     def progress(done: int, total: int) -> None:
         _progress_queue.put((cell.cell, done, total))
 
-    if grid.track.name == "arc3":  # levels of games through the engine, not conversations over grids
-        from orchestrator.run.arc3_runner import Arc3CellRunner
-        return Arc3CellRunner(grid, cell, Path(cell_dir), progress=progress, model_base_url=base_url).run()
-    return CellRunner(grid, cell, Path(cell_dir), base_url, progress).run()
+    return cell_runner(grid, cell, Path(cell_dir), base_url, progress=progress).run()
 
 
 class RunInterrupted(Exception):

@@ -44,7 +44,7 @@ import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator import fault_points
-from orchestrator.errors import MachineError, RunFailed
+from orchestrator.errors import ConfigError, MachineError, RunFailed
 from orchestrator.records import CellFence, RecordsUnwritable, RunPaths, read_events
 from orchestrator.run.grid_config import Cell, GridConfig, load_grid
 
@@ -124,8 +124,8 @@ def run_cell_attempt(run_dir: str, cell_json: str, records=None) -> str:
 
 
 def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
+    from orchestrator.run.runner import cell_runner
     from orchestrator.run.grid_run import harness_learners, model_service
-    from orchestrator.run.runner import CellRunner
 
     grid = load_grid(run.grid)
     paths = run.cell(cell.cell)
@@ -136,10 +136,7 @@ def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
         from sandboxes.networks import host_address
         host = host_address(docker_client())
     with model_service(grid, run.logs, 1, host, tag=f"{cell.cell}.{fence.token}-") as urls:
-        if grid.track.name == "arc3":  # levels through the cell's engine container, on this node
-            from orchestrator.run.arc3_runner import Arc3CellRunner
-            return Arc3CellRunner(grid, cell, paths.root, fence=fence, model_base_url=urls[0]).run()
-        return CellRunner(grid, cell, paths.root, urls[0], fence=fence).run()
+        return cell_runner(grid, cell, paths.root, urls[0], fence=fence).run()
 
 
 # --- --durability head: records reach the head as they are written ------------------------------
@@ -406,7 +403,7 @@ def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | No
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
     if grid.collective is not None:
-        raise ValueError(f"{run_dir}: a collective grid runs its users in rounds: "
+        raise ConfigError(f"{run_dir}: a collective grid runs its users in rounds: "
                          "orchestrator.run.collective.on_ray.execute_collective_ray (carc grid run does)")
     run_prices(run_dir)  # before any attempt: they only read it
     try:  # each node prepares its images and prunes the run's leftovers itself
@@ -441,7 +438,7 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
             head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
             records = ray.remote(HeadRecords).options(num_cpus=0, scheduling_strategy=head).remote(str(run_dir))
         elif durability != "shared":
-            raise ValueError(f"--durability {durability}: give one of {', '.join(DURABILITY)}")
+            raise ConfigError(f"--durability {durability}: give one of {', '.join(DURABILITY)}")
         task = ray.remote(run_cell_attempt)
         refs = {task.options(**cell_options(grid, c)).remote(str(run_dir), c.model_dump_json(), records): c
                 for c in cells}

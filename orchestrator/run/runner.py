@@ -200,3 +200,15 @@ class CellRunner(SlotDriver):
 
     def _play(self, slot: ScheduledSlot, journal: EventLog) -> InstancePlay:
         return InstancePlay(slot, self.learner, self)
+
+
+def cell_runner(grid: GridConfig, cell: Cell, cell_dir: Path, base_url: str, *,
+                fence: CellFence | None = None,
+                progress: Callable[[int, int], None] | None = None) -> SlotDriver:
+    """The slot driver of one cell, for the local pool's workers and the Ray executor's attempts
+    alike: levels of games through the cell's engine (the arc3 track), or conversations over
+    grids (every other track)."""
+    if grid.track.name == "arc3":
+        from orchestrator.run.arc3_runner import Arc3CellRunner
+        return Arc3CellRunner(grid, cell, cell_dir, progress=progress, model_base_url=base_url, fence=fence)
+    return CellRunner(grid, cell, cell_dir, base_url, progress, fence=fence)

@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.errors import RunFailed
+from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.records import CellFence, RunPaths
 from orchestrator.rows import row
 from orchestrator.run.collective.runner import (Checkers, UserRunner, model_host, round_model, row_failures,
@@ -99,7 +99,7 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
     from orchestrator.run.status import mark_started
 
     if durability != "shared":
-        raise ValueError(f"--durability {durability}: a collective grid on Ray writes into the run folder "
+        raise ConfigError(f"--durability {durability}: a collective grid on Ray writes into the run folder "
                          "itself (--durability shared: a filesystem every node mounts at the same path); "
                          "records through the head's actor are for single-user grids")
     run_dir = Path(run_dir).resolve()
