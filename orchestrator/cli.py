@@ -94,6 +94,9 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     def run_cells(run_dir: Path, workers: Optional[int]) -> list[str]:
         return executors.run(run_dir, executor, workers, address=address, durability=durability)
 
+    # Ctrl-C always stops a run: a process started with SIGINT ignored (a background job of a
+    # script, some CI runners) inherits that, and Python then never raises KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and containers go
     try:
         if resume is not None:

@@ -94,3 +94,38 @@ def test_a_signal_to_the_group_lands_after_exactly_the_named_count(tmp_path, act
     proc = _start(tmp_path, f"{action} after 5 step")
     assert proc.wait(timeout=60) == code
     assert _steps(tmp_path / "u0000" / "events.jsonl") + _steps(tmp_path / "u0001" / "events.jsonl") == 5
+
+
+TINY_GRID = """\
+name: tiny
+seed: 2
+track: {name: own, tasks: 3, visits: 3, epilogue: 0, fresh_reference: false}
+orders: [sequential]
+efforts: [low]
+learners: [stateless-floor]
+sandbox: {engine: process}
+workers: 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ignored", [False, True], ids=["sigint-default", "sigint-ignored-by-the-parent"])
+def test_ctrl_c_stops_a_run_even_when_it_was_started_with_sigint_ignored(tmp_path, ignored):
+    """A run started as a script's background job (or by a CI runner) inherits SIGINT ignored,
+    and Python then never raises KeyboardInterrupt: the run went on to its end and exited 0
+    (measured: 6 of 6 Ctrl-Cs sent 6-46 s into a collective run were lost). `carc grid run`
+    takes SIGINT back, so Ctrl-C stops it wherever it was started."""
+    run = tmp_path / "runs" / "tiny"
+    (run / "cells").mkdir(parents=True)
+    (run / "grid.yaml").write_text(TINY_GRID)
+
+    def parent_ignored_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.SIG_DFL)
+    env = {**os.environ, fault_points.FAULT_ENV: "sigint-group after 3 step"}
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "grid", "run", "--resume", str(run),
+                           "--no-report"], env=env, capture_output=True, text=True, timeout=300,
+                          start_new_session=True, preexec_fn=parent_ignored_sigint)
+    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "interrupted; continue with `carc grid run --resume" in done.stdout
+    ended = (run / "cells").glob("*/events.jsonl")
+    assert sum(text.count('"type":"instance_end"') for text in (p.read_text() for p in ended)) < 9
