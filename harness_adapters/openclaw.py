@@ -21,7 +21,7 @@ from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
                                       HarnessError, HarnessState, Option)
-from sandboxes.docker_sandbox import DockerSandbox
+from sandboxes.environment import Sandbox
 from sandboxes.images import Recipe, npm_tree
 
 OPENCLAW_VERSION = "2026.9.6"
@@ -106,7 +106,7 @@ def environment(token: str) -> dict[str, str]:
 class Gateway:
     """The gateway process in the sandbox: started detached, its pid in the log folder."""
 
-    def __init__(self, sandbox: DockerSandbox, token: str):
+    def __init__(self, sandbox: Sandbox, token: str):
         self.sandbox = sandbox
         self.token = token
 

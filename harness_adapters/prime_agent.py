@@ -24,13 +24,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from harness_adapters.base import Turn
 from harness_adapters.chat_model import Usage
 from harness_adapters.harness import (ConversationHarness, FailureKind, HarnessAdapter, HarnessCell,
                                       HarnessError, HarnessState, Option)
-from sandboxes.docker_sandbox import DockerSandbox
+from sandboxes.environment import LineProcess, Sandbox
 from sandboxes.images import ImageBuildError, Recipe, cache_dir, require_fetching, run, wheelhouse
 
 PRIME_AGENT_VERSION = "0.8.0"
@@ -111,18 +111,6 @@ def render_settings(model: str, effort: str | None, options: dict[str, Any] | No
 
 
 # --- the RPC protocol ---------------------------------------------------------------------------
-
-class LineProcess(Protocol):
-    """What the client needs of a process: DockerSandbox.open_process's SandboxProcess, or a fake."""
-
-    stderr: bytes
-
-    def send_line(self, text: str) -> None: ...
-
-    def read_line(self, timeout: float) -> str | None: ...
-
-    def close(self, timeout: float = 900) -> Any: ...
-
 
 class RpcClient:
     """prime-agent's `--mode rpc`: one JSON object per line each way (LF only). A command carries
@@ -256,7 +244,7 @@ class PrimeAgentProcess:
     stop) and the learner (conversations). One process for the cell: starting one costs a daemon,
     a worker and a kernel, and its sessions then only need `new_session`."""
 
-    def __init__(self, sandbox: DockerSandbox, model: str, classify: Callable[[str], FailureKind]):
+    def __init__(self, sandbox: Sandbox, model: str, classify: Callable[[str], FailureKind]):
         self.sandbox = sandbox
         self.model = model
         self.classify = classify

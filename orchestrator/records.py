@@ -217,7 +217,7 @@ class SandboxRecord(JsonRecord):
     proxy: Literal["host-mitmdump", "container"] | None  # None: no journaling proxy
     model_base_url: str  # what the learner called
     upstream: str  # where the proxy forwarded to
-    program_checks: Literal["host-process", "docker"] | None = None  # where programs ran
+    program_checks: str | None = None  # where programs ran: host-process, or the engine's name (docker)
     image: str | None = None
     container: str | None = None
     harness: str | None = None

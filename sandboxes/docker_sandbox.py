@@ -39,8 +39,9 @@ from docker.utils.socket import STDERR, frames_iter
 
 from proxy.host import CA_CERT_FILE, CONTROL_FILE, PLACEHOLDER_KEY, addon_options, default_confdir, set_arguments
 from proxy.journal import settle_in_flight
-from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, SandboxEnvironment, SandboxError,
-                                  durable_replace)
+from sandboxes.engines import SandboxEngine, register_engine
+from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, Limits, ProxySpec,  # noqa: F401 - the specs, re-exported
+                                  SandboxEnvironment, SandboxError, SandboxSpec, durable_replace)
 from sandboxes.images import docker_client, machine_lock
 from sandboxes.snapshot_archive import SnapshotArchive
 from sandboxes import state_volumes
@@ -67,42 +68,6 @@ NODE_ENV = "CARC_RAY_NODE"
 # Paths at least this long are listed before a snapshot: the engine's archive silently drops a
 # path whose host-side name passes PATH_MAX (4096), and the volume's host prefix takes ~100 of it.
 LONG_PATH = 3000
-
-
-@dataclass(frozen=True)
-class Limits:
-    cpus: float = 1.0
-    memory: str = "2g"
-    pids: int = 512
-    tmp_size: str = "512m"
-    snapshot_bytes: int = 1 << 30  # file data one state snapshot keeps (holes not counted); beyond it files are left out
-    snapshot_s: float = 600.0      # time one snapshot may take
-    state_bytes: int | None = 4 << 30  # the state volume's quota (None: none, the engine's disk)
-
-
-@dataclass
-class ProxySpec:
-    """The cell's proxy: which upstream it reverse-proxies to and which hosts it allows."""
-
-    image: str
-    journal_dir: Path            # host folder: journal.jsonl, raw/, slot.json (the control file)
-    upstream: str                # e.g. http://host.docker.internal:8000/v1 (as the proxy sees it)
-    allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
-    key_env: str = ""            # host variable holding the real key; copied into the proxy only
-    ca_dir: Path | None = None   # host folder holding mitmproxy's CA (default: the machine's)
-    prices: Path | None = None   # the price table the proxy journals dollars by (default: proxy/prices.json)
-    upstream_ca: Path | None = None  # a private CA the model host's certificate is signed by
-
-
-@dataclass
-class SandboxSpec:
-    image: str
-    run: str
-    cell: str
-    proxy: ProxySpec | None = None   # None: no network at all
-    limits: Limits = field(default_factory=Limits)
-    env: dict[str, str] = field(default_factory=dict)
-    volume: bool = True
 
 
 def slug(run: str, cell: str) -> str:
@@ -853,3 +818,14 @@ def _relative_member(name: str) -> str | None:
     if not parts or ".." in parts:
         return None
     return "./" + "/".join(parts)
+
+
+@register_engine("docker")
+class DockerEngine(SandboxEngine):
+    """Harnesses, their proxies and program checks in containers of this machine's engine."""
+
+    isolates_programs = True
+    needs_docker = True
+
+    def open(self, spec: SandboxSpec) -> DockerSandbox:
+        return DockerSandbox(spec).start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -83,6 +83,47 @@ class StateVolume(Protocol):
     def collect_logs(self, dest: Path) -> list[Path]: ...
 
 
+# --- what a sandbox engine opens ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float = 1.0
+    memory: str = "2g"
+    pids: int = 512
+    tmp_size: str = "512m"
+    snapshot_bytes: int = 1 << 30  # file data one state snapshot keeps (holes not counted); beyond it files are left out
+    snapshot_s: float = 600.0      # time one snapshot may take
+    state_bytes: int | None = 4 << 30  # the state volume's quota (None: none, the engine's disk)
+
+
+@dataclass
+class ProxySpec:
+    """The cell's proxy: which upstream it reverse-proxies to and which hosts it allows."""
+
+    image: str
+    journal_dir: Path            # host folder: journal.jsonl, raw/, slot.json (the control file)
+    upstream: str                # e.g. http://host.docker.internal:8000/v1 (as the proxy sees it)
+    allow: tuple[str, ...] = ()  # more hosts reachable through the regular (HTTPS_PROXY) mode
+    key_env: str = ""            # host variable holding the real key; copied into the proxy only
+    ca_dir: Path | None = None   # host folder holding mitmproxy's CA (default: the machine's)
+    prices: Path | None = None   # the price table the proxy journals dollars by (default: proxy/prices.json)
+    upstream_ca: Path | None = None  # a private CA the model host's certificate is signed by
+
+
+@dataclass
+class SandboxSpec:
+    """One sandbox to open: its image, the run and cell it belongs to (its names and labels), its
+    proxy, limits, environment and whether it has a state volume."""
+
+    image: str
+    run: str
+    cell: str
+    proxy: ProxySpec | None = None   # None: no network at all
+    limits: Limits = field(default_factory=Limits)
+    env: dict[str, str] = field(default_factory=dict)
+    volume: bool = True
+
+
 class LineProcess(Protocol):
     """A long-lived process inside a sandbox with a line protocol on stdin/stdout (a harness
     driver); `stderr` keeps its recent error output for messages."""
@@ -102,8 +143,9 @@ class SandboxError(InfrastructureError):
     """A sandbox operation failed; the message names the container and the command."""
 
 
-class SandboxEnvironment(abc.ABC):
-    """One learner's isolated environment with a private, writable state volume."""
+class Sandbox(abc.ABC):
+    """What a learner's code runs in: commands, long-lived processes, files, and the model URL
+    as seen from inside. An adapter needs no more than this."""
 
     state_path: str = "/state"
 
@@ -132,6 +174,26 @@ class SandboxEnvironment(abc.ABC):
         """Create or replace the file (parent folders are made)."""
 
     @abc.abstractmethod
+    def teardown(self) -> None:
+        """Remove everything this sandbox made; safe to call twice and after a failed start."""
+
+    def fault(self) -> str | None:
+        """What failed under the sandbox (its container, its proxy), or None: an infrastructure
+        fault, never charged to the learner. An engine that cannot tell says None."""
+        return None
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+
+class SandboxState(abc.ABC):
+    """The state volume's operations, apart from exec and files: what the runner does between
+    instances (wipe, snapshot, restore) and after a harness failed (end its processes)."""
+
+    @abc.abstractmethod
     def wipe(self) -> None:
         """Stop every learner process and empty the state volume (memory-off rows)."""
 
@@ -148,12 +210,7 @@ class SandboxEnvironment(abc.ABC):
     def restore(self, source: Path | None) -> None:
         """Wipe, then unpack a snapshot into the volume (None: leave it empty)."""
 
-    @abc.abstractmethod
-    def teardown(self) -> None:
-        """Remove everything this sandbox made; safe to call twice and after a failed start."""
 
-    def __enter__(self) -> "SandboxEnvironment":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.teardown()
+class SandboxEnvironment(Sandbox, SandboxState):
+    """One learner's isolated environment with a private, writable state volume: what a
+    sandbox engine's `open` returns (sandboxes/engines.py)."""

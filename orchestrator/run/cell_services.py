@@ -30,6 +30,7 @@ from orchestrator.rows import row
 from orchestrator.run.grid_config import EMBEDDED, HARNESSES, Cell, GridConfig, run_prices
 from orchestrator.run.standby import Prepared, StandbyCell
 from proxy.host import CONTROL_FILE
+from sandboxes.engines import harness_engine, sandbox_engine
 from sandboxes.environment import LeftOut, StateVolume, SNAPSHOT_GZIP_LEVEL, durable_replace
 from sandboxes.snapshot_archive import SnapshotArchive
 
@@ -190,15 +191,16 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
     with ExitStack() as stack:
         # The program sandbox starts (in a thread: engine calls only) while the proxy does.
         starting = None
-        if cell.learner == "program-library" and grid.sandbox.engine == "docker":
-            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
+        engine = sandbox_engine(grid.sandbox.engine)
+        if cell.learner == "program-library" and engine.isolates_programs:
+            from sandboxes.docker_sandbox import SandboxSpec
             from sandboxes.images import ensure_image
 
             spec = SandboxSpec(ensure_image("base", grid.sandbox.base), run=CellPaths(cell_dir).run.name,
                                cell=cell.cell, proxy=None, volume=False,
                                limits=sandbox_limits(grid))
             pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="program-sandbox"))
-            starting = pool.submit(DockerSandbox(spec).start)
+            starting = pool.submit(engine.open, spec)
             stack.callback(_teardown_once_started, starting)
         proxy = None
         base_url = upstream
@@ -216,7 +218,7 @@ def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -
             sandbox = starting.result()
             executor = SandboxExecutor(sandbox)
             stack.callback(executor.close)  # first: the checker goes before its container
-            record = record.model_copy(update={"program_checks": "docker", "image": sandbox.spec.image,
+            record = record.model_copy(update={"program_checks": engine.name, "image": sandbox.spec.image,
                                                "container": sandbox.container.name})
         record.write(CellPaths(cell_dir).sandbox)  # how this cell was isolated, for the audit
         checks = ([proxy.fault] if proxy else []) + \
@@ -263,8 +265,6 @@ def prepare_harness(box, grid: GridConfig, cell: Cell, row_name: str, prompts: P
 @contextmanager
 def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
     """A harness cell: its image, its sandbox and proxy container, its state volume."""
-    from sandboxes.docker_sandbox import DockerSandbox
-
     adapter = registry.adapter(cell.learner)
     paths = CellPaths(cell_dir)
     spec = harness_spec(grid, cell, paths.run.root, cell.cell, journal_dir(cell_dir), upstream)
@@ -280,7 +280,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
             box.teardown()
             raise
 
-    sandbox = DockerSandbox(spec).start()
+    sandbox = harness_engine(grid.sandbox.engine).open(spec)
     standbys = None
     try:
         first = prepare_harness(sandbox, grid, cell, cell.row, prompts)

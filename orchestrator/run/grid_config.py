@@ -22,6 +22,7 @@ from orchestrator.records import RECORDS_FORMAT, CellRecord, RunPaths
 from orchestrator.run.collective.training import EMBEDDED_ONLY, trainer_class
 from orchestrator.rows import COLLECTIVE_ROWS, MEMORY_ON, TRAINED, label, row
 from orchestrator.tasks.rearc import PATH_ENV as REARC_PATH_ENV
+from sandboxes.engines import known_engines
 
 ARC3_GAMES_ENV = "CARC_ARC3_GAMES"
 from proxy.prices import PriceTable
@@ -189,10 +190,11 @@ class LimitsConfig(_Strict):
 class SandboxConfig(_Strict):
     """Where learners' code runs: Docker sandboxes (the default) or host processes."""
 
-    engine: Literal["docker", "process"] = Field(
+    engine: str = Field(
         "docker", description="docker: program checks and harnesses in containers; process: "
                               "program checks in host subprocesses (no Docker needed; refused to a "
-                              "non-root carc when the grid has an API key its programs could read)")
+                              "non-root carc when the grid has an API key its programs could read); "
+                              "or an engine registered with sandboxes.engines.register_engine")
     base: Literal["auto", "registry", "offline"] = Field(
         "auto", description="image base: a registry image, the offline debootstrap rootfs, or "
                             "auto (registry when reachable)")
@@ -204,6 +206,14 @@ class SandboxConfig(_Strict):
                           "fresh sandbox (a second container, its own empty volume, the harness "
                           "started) while the current instance runs, so the wipe is a swap; for kept "
                           "rows the next conversation's driver after the snapshot (hermes-agent)")
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        if name not in known_engines():
+            raise ValueError(f"{name!r} is not a sandbox engine; give one of {', '.join(known_engines())} "
+                             "(another registers itself with sandboxes.engines.register_engine)")
+        return name
 
 
 class CollectiveConfig(_Strict):

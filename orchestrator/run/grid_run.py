@@ -32,6 +32,7 @@ from proxy.host import die_with_parent, free_port
 from orchestrator.run.cell_services import refuse_host_programs
 from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid, run_prices,
                                          write_run_grid)
+from sandboxes.engines import sandbox_engine
 
 log = structlog.get_logger("carc.grid")
 
@@ -208,7 +209,8 @@ def needs_docker(grid: GridConfig) -> bool:
     if grid.track.name == "arc3":  # the engine runs in its own container
         return True
     learners = {c.learner for c in grid.cells()}
-    return bool(learners & HARNESSES) or (grid.sandbox.engine == "docker" and "program-library" in learners)
+    return bool(learners & HARNESSES) or (sandbox_engine(grid.sandbox.engine).needs_docker
+                                          and "program-library" in learners)
 
 
 def harness_learners(grid: GridConfig) -> list[str]:

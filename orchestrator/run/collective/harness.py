@@ -45,6 +45,7 @@ from orchestrator.rows import MEMORY_ON
 from orchestrator.run.cell_services import CellServices, ControlFile, harness_spec, prepare_harness
 from orchestrator.run.collective.training import InstanceRecord, RoundRecords
 from orchestrator.run.grid_config import Cell, GridConfig
+from sandboxes.engines import harness_engine
 from proxy.host import CONTROL_FILE
 from proxy.journal import read_journal
 
@@ -69,11 +70,9 @@ def user_sandbox(grid: GridConfig, cell: Cell, paths: UserPaths, upstream: str,
                  library: Path | None) -> Iterator[CellServices]:
     """One user's sandbox for one round (the harness prepared on an empty volume: the runner
     restores the user's snapshot), with `library` copied in when the row reads one."""
-    from sandboxes.docker_sandbox import DockerSandbox
-
     adapter = registry.adapter(cell.learner)
     spec = harness_spec(grid, cell, paths.run.root, f"{cell.cell}-u{paths.number:04d}", paths.journal, upstream)
-    sandbox = DockerSandbox(spec).start()
+    sandbox = harness_engine(grid.sandbox.engine).open(spec)
     try:
         ready = prepare_harness(sandbox, grid, cell, cell.row, PromptSet.load(grid.prompts))
         if library is not None:
@@ -196,8 +195,6 @@ def curate(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, previous
     """The update step of a harness's collective row: write round `number`'s library (and the
     curator's state) into `out` from round `number - 1`'s records, and the library and curator
     state of `previous`. A failed curator conversation leaves its task's file as it was."""
-    from sandboxes.docker_sandbox import DockerSandbox
-
     assert grid.collective is not None
     records = RoundRecords(paths, number - 1, grid.collective.users)
     digests = round_digest(records, tasks)
@@ -205,7 +202,7 @@ def curate(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, previous
     journal = out / CURATOR / "journal"
     journal.mkdir(parents=True)
     spec = harness_spec(grid, cell, paths.run.root, f"{cell.cell}-curator", journal, upstream)
-    sandbox = DockerSandbox(spec).start()
+    sandbox = harness_engine(grid.sandbox.engine).open(spec)
     transcript, errors = [], 0
     try:
         ready = prepare_harness(sandbox, grid, cell, MEMORY_ON, prompts)

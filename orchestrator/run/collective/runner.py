@@ -55,6 +55,7 @@ from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_s
 from orchestrator.run.runner import CellRunner
 from orchestrator.run.schedule import ScheduledSlot
 from orchestrator.run.slot_driver import run_restarting
+from sandboxes.engines import sandbox_engine
 from proxy.journal import make_tag
 
 log = structlog.get_logger("carc.collective")
@@ -262,11 +263,12 @@ class Checkers:
         self.lock = threading.Lock()
 
     def executor(self) -> ProgramExecutor:
-        if self.grid.sandbox.engine != "docker":
+        engine = sandbox_engine(self.grid.sandbox.engine)
+        if not engine.isolates_programs:
             return local_executor
         current = getattr(self.local, "executor", None)
         if current is None:
-            from sandboxes.docker_sandbox import DockerSandbox, SandboxSpec
+            from sandboxes.docker_sandbox import SandboxSpec
             from sandboxes.images import ensure_image
             with self.lock:
                 number = self.numbered
@@ -274,7 +276,7 @@ class Checkers:
             spec = SandboxSpec(ensure_image("base", self.grid.sandbox.base), run=self.run_name,
                                cell=f"collective-checker-{self.name}{number}", proxy=None, volume=False,
                                limits=sandbox_limits(self.grid))
-            current = SandboxExecutor(DockerSandbox(spec).start())
+            current = SandboxExecutor(engine.open(spec))
             self.local.executor = current
             with self.lock:
                 self.started.append(current)
@@ -323,7 +325,8 @@ def row_services(grid: GridConfig, cell: Cell, paths: CellPaths, upstream: str,
                 tags=True, requests="raw"))
             base_url = proxy.base_url
         runs_programs = registry.learner_class(cell.learner).runs_programs
-        checks = ("docker" if grid.sandbox.engine == "docker" else "host-process") if runs_programs else None
+        engine = sandbox_engine(grid.sandbox.engine)
+        checks = (engine.name if engine.isolates_programs else "host-process") if runs_programs else None
         SandboxRecord(proxy="host-mitmdump" if proxy else None, model_base_url=base_url, upstream=upstream,
                       program_checks=checks).write(paths.sandbox)
         yield CellServices(base_url, HostStateDir(paths.state), _ThreadExecutor(checkers), proxy,
