@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.errors import ConfigError
 from orchestrator.analysis import measures
 from orchestrator.analysis.report import load_run
 from orchestrator.analysis.measures import FLOOR, LEVEL, RESAMPLES, TaskResamples, mean_sums, means
@@ -143,7 +144,7 @@ def paired_table(df: pd.DataFrame, draws: TaskResamples, n: int = RESAMPLES, lev
         a, b = keyed.loc[cell], keyed.loc[other]
         joined = a.merge(b, how="inner", left_index=True, right_index=True, suffixes=("", "_b"))
         if (joined["task"] != joined["task_b"]).any() or (joined["visit"] != joined["visit_b"]).any():
-            raise ValueError(f"{cell} and {other} serve different instances at some (user, slot): "
+            raise ConfigError(f"{cell} and {other} serve different instances at some (user, slot): "
                              "they are not on one schedule")
         parts.append(pd.DataFrame({"key": f"{against}|{cell}|{other}", "task": joined["task"].to_numpy(),
                                    "diff": (joined["share"] - joined["share_b"]).to_numpy()}))

@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from orchestrator.errors import ConfigError
 from orchestrator.analysis import measures
 from orchestrator.analysis.measures import LEVEL, RESAMPLES, Resampling
 from orchestrator.rows import row_name
@@ -53,7 +54,7 @@ _METRICS = ("ap", "fwt", "bwt", "fgt", "cold", "warm")
 def visit_scores(df: pd.DataFrame, score: str = "reward") -> pd.Series:
     """The PATH-Bench score of each instance: 1 - budget share (`reward`) or solved (1 or 0)."""
     if score not in SCORES:
-        raise ValueError(f"unknown PATH-Bench score {score!r}; use one of {', '.join(SCORES)}")
+        raise ConfigError(f"unknown PATH-Bench score {score!r}; use one of {', '.join(SCORES)}")
     return 1.0 - df["share"].astype(float) if score == "reward" else df["solved"].astype(float)
 
 

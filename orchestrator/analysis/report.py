@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from orchestrator.errors import ConfigError
 from orchestrator.analysis import (journal_summary, labels_served, measures, plots, report_html,
                                    results, tables)
 from orchestrator.analysis.summary import summary_lines
@@ -45,7 +46,7 @@ def load_run(run_dir: Path, kind: EventType | None = None
         try:
             settings = json.loads(meta.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{meta}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
+            raise ConfigError(f"{meta}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
         cell_id = str(settings.get("cell") or folder.name)
         cells[cell_id] = settings
         events[cell_id] = [*read_events(folder.events, kind),

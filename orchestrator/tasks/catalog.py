@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.errors import ConfigError
 from orchestrator.tasks.base import TaskSource
 
 
@@ -21,7 +22,7 @@ def _pick(ids: list[str], n: int, seed: int, tag: int, what: str) -> list[str]:
     """A seeded choice of `n` ids (in a seeded order); all of them when n covers the list."""
     ids = sorted(ids)
     if n > len(ids):
-        raise ValueError(f"{what}: {n} tasks asked for, the source has {len(ids)}")
+        raise ConfigError(f"{what}: {n} tasks asked for, the source has {len(ids)}")
     rng = np.random.default_rng([seed, tag])
     return [ids[i] for i in rng.choice(len(ids), size=n, replace=False)]
 
@@ -55,7 +56,7 @@ def track_sources(track, seed: int) -> TrackSources:
         known = set(stream.task_ids())
         unknown = [t for t in track.task_ids if t not in known]
         if unknown:
-            raise ValueError(f"track.task_ids: {unknown} are not tasks of source {stream.name}")
+            raise ConfigError(f"track.task_ids: {unknown} are not tasks of source {stream.name}")
         stream_tasks = list(track.task_ids)
     else:
         stream_tasks = _pick(stream.task_ids(), track.tasks, seed, 1, "track.tasks")
