@@ -29,7 +29,7 @@ from sandboxes.images import Recipe
 
 PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the state volume
 # A collective row's shared library in a user's sandbox: the round's files, written by the keeper
-# (orchestrator/run/collective/harness.py), which the harness reads and cannot change.
+# (orchestrator/run/collective/harness_rows.py), which the harness reads and cannot change.
 SHARED_DIR = "/tmp/carc/shared"
 
 
@@ -296,7 +296,7 @@ class ConversationHarness(Learner):
 
     def converse(self, message: str, deadline: float | None = None) -> Turn:
         """One conversation of one message, outside any instance (a collective row's curator,
-        orchestrator/run/collective/harness.py): opened, sent, and closed (a failed one is
+        orchestrator/run/collective/harness_rows.py): opened, sent, and closed (a failed one is
         abandoned; its HarnessError reaches the caller)."""
         self._close()
         self.session = f"carc-{uuid.uuid4().hex[:12]}"

@@ -58,7 +58,7 @@ ROWS: dict[str, Row] = {row.name: row for row in (
 COLLECTIVE_ROWS = tuple(r.name for r in ROWS.values() if r.shared)
 
 # A harness's collective row (collective grids): its users read a library a curator session of
-# the harness rewrites between rounds (orchestrator/run/collective/harness.py).
+# the harness rewrites between rounds (orchestrator/run/collective/harness_rows.py).
 HARNESS_ROWS = (MEMORY_ON, "memory-off", "asked-to-store", "program-procedure", "program-procedure-wiped",
                 COLLECTIVE)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.records import RunPaths, read_events
-from orchestrator.run.collective import harness as collective_harness
-from orchestrator.run.collective.harness import LIBRARY_FILE_BYTES, kept_passages, read_library
+from orchestrator.run.collective import harness_rows
+from orchestrator.run.collective.harness_rows import LIBRARY_FILE_BYTES, kept_passages, read_library
 from proxy.journal import read_journal
 from tests.docker_fixtures import client  # noqa: F401
 
@@ -254,7 +254,7 @@ def test_kept_passages_are_the_lines_that_mention_a_task_up_to_a_blank_line(tmp_
     assert found["own-a"] == [("memories/MEMORY.md", "carc-note task own-a\nsteps: (('flip', ()),)"),
                               ("memories/MEMORY.md", "own-b is like own-a")]
     assert found["own-b"] == [("memories/MEMORY.md", "own-b is like own-a")]
-    assert collective_harness.transcript_messages([{"user": "u", "assistant": "a"}]) == [
+    assert harness_rows.transcript_messages([{"user": "u", "assistant": "a"}]) == [
         {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
 

@@ -232,7 +232,7 @@ def _measure(folder: CellPaths, entries: list | None) -> Measured | None:
 def measure_curator(folder: CellPaths) -> tuple[Key, Measured] | None:
     """A harness's collective row's curator sessions in a pilot, per task curated: each finished
     update's calls and tokens (its journal) and seconds (its transcript). None when there is none."""
-    from orchestrator.run.collective.harness import CURATOR
+    from orchestrator.run.collective.harness_rows import CURATOR
 
     record = CellRecord.read(folder.settings)
     total = Measured(cells=[record.cell])
@@ -475,7 +475,7 @@ def schedule_counts(grid: GridConfig, cells: list[Cell]) -> dict[tuple[str, int]
 
 def curated_tasks(grid: GridConfig, cell: Cell) -> int:
     """The curator conversations of a harness's collective row: after each round but the last,
-    one per task any user met in it (orchestrator/run/collective/harness.py, round_digest); 0 for
+    one per task any user met in it (orchestrator/run/collective/harness_rows.py, round_digest); 0 for
     every other cell."""
     from orchestrator.rows import COLLECTIVE
 

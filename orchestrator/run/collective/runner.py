@@ -51,7 +51,7 @@ from orchestrator.rows import row
 from orchestrator.run.collective.training import RoundModel, RoundRecords, trainer_class
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, refuse_host_programs, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
-from orchestrator.run.collective.harness import CURATOR, LIBRARY, curate, user_sandbox
+from orchestrator.run.collective.harness_rows import CURATOR, LIBRARY, curate, user_sandbox
 from orchestrator.run.runner import CellRunner
 from orchestrator.run.schedule import ScheduledSlot
 from orchestrator.run.slot_driver import run_restarting
