@@ -204,7 +204,7 @@ class CellRunner(SlotDriver):
 
 def cell_runner(grid: GridConfig, cell: Cell, cell_dir: Path, base_url: str, *,
                 fence: CellFence | None = None,
-                progress: Callable[[int, int], None] | None = None) -> SlotDriver:
+                progress: Callable[[int, int], None] = lambda done, total: None) -> SlotDriver:
     """The slot driver of one cell, for the local pool's workers and the Ray executor's attempts
     alike: levels of games through the cell's engine (the arc3 track), or conversations over
     grids (every other track)."""
