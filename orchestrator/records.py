@@ -14,7 +14,10 @@
         sandbox.json            how the cell was isolated (`SandboxRecord`)
         events.jsonl            one fsynced `Event` per instance start, action + verdict, end
         journal/                the proxy journal: journal.jsonl, raw/, slot.json
-        transcripts/<slot>.json the learner's conversation per instance
+        transcripts.jsonl.gz    the learner's conversation per instance: one gzip member per
+                                instance ({"slot", "messages"}), appended at its end (a slot run
+                                again appends again; the last member is the one read). Runs of
+                                carc before 2026-12-08 kept transcripts/<slot>.json: still read.
         state/                  a ladder learner's private state (a harness's is its volume)
         snapshots/<slot>.tar.gz the state after each finished instance (resume restores these)
         logs/<slot>/            what a harness's logs gained during the instance
@@ -22,7 +25,7 @@
                                 journal/ (one proxy for every user of the row), and
         users/u<user>/          per user: events.jsonl (events carry user and round), state/,
                                 snapshots/ (only the latest: the state after the user's last
-                                finished instance), transcripts.jsonl.gz (a gzip member per slot)
+                                finished instance), transcripts.jsonl.gz (as a cell's)
         shared/round-<r>/       the shared state users read during round r (the learner's own
                                 layout), written whole by the update step; update.json says what
                                 went into it
@@ -39,9 +42,10 @@ import gzip
 import json
 import os
 import time
+import zlib
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -99,7 +103,8 @@ class CellPaths:
         self.sandbox = self.root / "sandbox.json"
         self.events = self.root / "events.jsonl"
         self.journal = self.root / "journal"
-        self.transcripts = self.root / "transcripts"
+        self.transcripts_file = self.root / "transcripts.jsonl.gz"
+        self.transcripts_legacy = self.root / "transcripts"  # <slot>.json: runs before 2026-12-08
         self.state = self.root / "state"
         self.snapshots = self.root / "snapshots"
         self.logs = self.root / "logs"
@@ -118,8 +123,46 @@ class CellPaths:
     def snapshot(self, slot: int) -> Path:
         return self.snapshots / f"{slot:05d}.tar.gz"
 
-    def transcript(self, slot: int) -> Path:
-        return self.transcripts / f"{slot:05d}.json"
+    def append_transcript(self, slot: int, messages: Any) -> None:
+        """The instance's conversation, as one gzip member appended to the cell's (or user's)
+        transcripts file: written whole at the instance's end, so a kill tears at most this one."""
+        line = json.dumps({"slot": slot, "messages": messages}, ensure_ascii=False) + "\n"
+        with gzip.open(self.transcripts_file, "ab", compresslevel=3) as handle:
+            handle.write(line.encode("utf-8", "surrogatepass"))
+
+    def read_transcripts(self, problem: Callable[[str, str], None] | None = None) -> dict[int, Any]:
+        """The conversations by slot: the last member for a slot run twice; a member torn by a
+        kill is skipped. An older run's `transcripts/<slot>.json` files are read first (a resumed
+        old run has both). A file or member that is not a record is reported to `problem` (the
+        file's name, what is wrong) and skipped; without `problem`, it raises ValueError."""
+        def bad(name: str, message: str) -> None:
+            if problem is None:
+                raise ValueError(f"{self.root / name}: {message}")
+            problem(name, message)
+
+        out: dict[int, Any] = {}
+        if self.transcripts_legacy.is_dir():
+            for path in sorted(self.transcripts_legacy.glob("*.json")):
+                if path.stem.isdigit():
+                    try:
+                        out[int(path.stem)] = json.loads(path.read_text(encoding="utf-8"))
+                    except (OSError, ValueError) as exc:
+                        bad(f"transcripts/{path.name}", f"unreadable ({exc})")
+        if not self.transcripts_file.exists():
+            return out
+        try:
+            with gzip.open(self.transcripts_file, "rt", encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.endswith("\n"):
+                        continue  # torn by a kill
+                    try:
+                        record = json.loads(line)
+                        out[int(record["slot"])] = record["messages"]
+                    except (ValueError, KeyError, TypeError) as exc:
+                        bad(self.transcripts_file.name, f"line {number} is not a transcript record ({exc})")
+        except (EOFError, gzip.BadGzipFile, zlib.error):  # the last member was cut short by a kill
+            pass
+        return out
 
     def slot_logs(self, slot: int) -> Path:
         return self.logs / f"{slot:05d}"
@@ -145,10 +188,6 @@ class CellPaths:
 class UserPaths(CellPaths):
     """One user of a collective grid's cell: a cell's layout, inside the cell's `users/`."""
 
-    def __init__(self, root: Path | str):
-        super().__init__(root)
-        self.transcripts_file = self.root / "transcripts.jsonl.gz"
-
     @property
     def number(self) -> int:
         return int(self.root.name.removeprefix("u"))
@@ -165,22 +204,6 @@ class UserPaths(CellPaths):
         """The user's state after its last instance so far (None before its first)."""
         found = sorted(self.snapshots.glob("*.tar.gz"))
         return found[-1] if found else None
-
-    def read_transcripts(self) -> dict[int, list]:
-        """The user's transcripts by slot (one gzip member per slot; the last member for a slot
-        run twice); a member torn by a kill is skipped."""
-        out: dict[int, list] = {}
-        if not self.transcripts_file.exists():
-            return out
-        try:
-            with gzip.open(self.transcripts_file, "rt", encoding="utf-8") as handle:
-                for line in handle:
-                    if line.endswith("\n"):
-                        record = json.loads(line)
-                        out[record["slot"]] = record["messages"]
-        except (EOFError, OSError):  # the last member was cut short
-            pass
-        return out
 
 
 class JsonRecord(BaseModel):

@@ -81,7 +81,7 @@ class InspectedCell:
         for instance in instances.values():
             if instance.wiped_before is None:  # format 1 records do not say: the row's rule then
                 instance.wiped_before = row_name(settings.get("row")) in STATELESS_ROWS or instance.phase == "fresh"
-        transcripts = _user_transcripts(paths, problems) if user else _transcripts(folder, problems)
+        transcripts = _transcripts(paths, problems)
         records = cls(name, folder, settings, harness, instances, _journal(folder, problems), transcripts,
                       problems)
         records._starts = sorted((i.start_t, i.slot) for i in records.instances.values() if i.start_t)
@@ -200,18 +200,11 @@ def is_user_folder(folder: Path) -> bool:
     return folder.parent.name == "users" and (folder.parent.parent / "cell.json").exists()
 
 
-def _user_transcripts(paths: UserPaths, problems: Problems) -> dict[int, list[Any]]:
+def _transcripts(paths: CellPaths, problems: Problems) -> dict[int, list[Any]]:
+    """A cell's or user's conversations by slot (an arc3 level's record keeps its conversation)."""
     try:
-        return {slot: value if isinstance(value, list) else [] for slot, value in paths.read_transcripts().items()}
-    except (OSError, EOFError, ValueError) as exc:
+        kept = paths.read_transcripts(problems.add)
+    except OSError as exc:
         problems.add(paths.transcripts_file.name, f"unreadable ({exc})")
         return {}
-
-
-def _transcripts(folder: Path, problems: Problems) -> dict[int, list[Any]]:
-    transcripts = {}
-    for path in sorted(CellPaths(folder).transcripts.glob("*.json")):
-        if path.stem.isdigit():
-            value = read_json(_read(path, problems), f"transcripts/{path.name}", problems)
-            transcripts[int(path.stem)] = value if isinstance(value, list) else []
-    return transcripts
+    return {slot: value if isinstance(value, list) else [] for slot, value in kept.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.arc3 import Arc3Action, Arc3Env, LevelProtocol
-from orchestrator.records import read_events
+from orchestrator.records import CellPaths, read_events
 from orchestrator.run.arc3_engine import EngineContainer, EngineEnv, EngineError
 from tests.docker_fixtures import client  # noqa: F401  (the Docker engine fixture)
 
@@ -196,8 +196,6 @@ def test_carc_arc3_fetch_runs_the_toolkit_against_an_api_and_checks_what_it_wrot
 def test_a_harness_plays_arc3_through_the_same_conversation_one_action_per_reply(tmp_path, image, client):
     """hermes-agent in its sandbox behind its proxy, on bt11's first level (cap 20): every reply
     an action, every action charged, the calls journaled, the asked-to-store row invited."""
-    import json
-
     from orchestrator.run.grid_run import start_run
     from proxy.journal import read_journal
     games = games_dir("toolkit_test_environment_files") / "game1"
@@ -222,7 +220,8 @@ workers: 2
         assert end.cost == (played if end.status == "solved" else 20)
         calls = [j for j in read_journal(folder / "journal") if j.slot == 0 and not j.refused]
         assert end.model_calls == len([j for j in calls if j.api != "other"]) >= played
-        conversation = json.loads((folder / "transcripts").glob("*").__next__().read_text())["conversation"]
+        [level] = CellPaths(folder).read_transcripts().values()
+        conversation = level["conversation"]
         assert "ARC-AGI-3 game bt11" in conversation[0]["user"]
         invited = "save anything that might help you when this game's levels come back" in conversation[-1]["user"]
         assert invited == row.endswith("asked-to-store")

@@ -228,7 +228,7 @@ def test_the_stateless_floor_plays_through_the_embedded_model_and_the_proxy(grid
     assert sum(e.model_calls for e in done) == len(steps)  # one call per action
     calls = [j for j in read_journal(folder / "journal") if j.slot is not None]
     assert len(calls) == len(steps) and {j.slot for j in calls} == {0, 1, 2}
-    conversation = json.loads((folder / "transcripts").glob("*").__next__().read_text())["conversation"]
+    conversation = CellPaths(folder).read_transcripts()[0]["conversation"]
     assert conversation[0]["role"] == "system" and "ARC-AGI-3" in conversation[0]["content"]
 
 

@@ -110,7 +110,7 @@ def test_no_file_of_the_run_holds_any_run_of_the_key(probed_run):
     assert hits == {}
     kinds = {p.relative_to(run).parts[2] for p in files if p.relative_to(run).parts[0] == "cells"
              and len(p.relative_to(run).parts) > 2}
-    assert {"snapshots", "transcripts", "journal"} <= kinds, kinds  # what was scanned
+    assert {"snapshots", "transcripts.jsonl.gz", "journal"} <= kinds, kinds  # what was scanned
 
 
 def test_every_instance_ended_and_the_masked_echo_reached_the_learner(probed_run):
@@ -118,5 +118,5 @@ def test_every_instance_ended_and_the_masked_echo_reached_the_learner(probed_run
     for cell in (run / "cells").iterdir():
         events = read_events(cell / "events.jsonl")
         assert len([e for e in events if e.type == "instance_end"]) == 4, cell.name
-    transcripts = b"".join(p.read_bytes() for p in run.glob("cells/*/transcripts/*"))
+    transcripts = b"".join(gzip.decompress(p.read_bytes()) for p in run.glob("cells/*/transcripts.jsonl.gz"))
     assert b"<carc:redacted" in transcripts

@@ -278,3 +278,33 @@ def test_a_resumed_instance_whose_logged_step_the_protocol_answers_otherwise_rai
     assert resumed.returncode == 3, resumed.stdout + resumed.stderr
     assert resumed.stdout.startswith("ReplayMismatch: ")
     assert "replay of slot 0 step 1 disagrees: the records say correct, the protocol answers demo" in resumed.stdout
+
+
+def test_transcripts_are_one_appended_file_whose_last_member_counts_and_a_torn_one_is_skipped(tmp_path):
+    """Cells and collective users keep one `transcripts.jsonl.gz`: a slot run again counts its
+    later conversation, a member torn by a kill is skipped, an older run's
+    `transcripts/<slot>.json` files are still read, and a whole member that is not a record is
+    reported by name and line."""
+    import gzip
+    import json
+
+    paths = CellPaths(tmp_path / "cell")
+    paths.root.mkdir()
+    paths.transcripts_legacy.mkdir()
+    (paths.transcripts_legacy / "00000.json").write_text(json.dumps([{"user": "old run"}]))
+    paths.append_transcript(1, [{"user": "first try"}])
+    paths.append_transcript(1, [{"user": "run again"}])
+    paths.append_transcript(2, {"game": "bt11", "conversation": []})  # an arc3 level's record
+    assert paths.read_transcripts() == {0: [{"user": "old run"}], 1: [{"user": "run again"}],
+                                        2: {"game": "bt11", "conversation": []}}
+    whole = paths.transcripts_file.read_bytes()
+    paths.append_transcript(3, [{"user": "killed while written"}])
+    paths.transcripts_file.write_bytes(paths.transcripts_file.read_bytes()[:len(whole) + 20])
+    assert sorted(paths.read_transcripts()) == [0, 1, 2]
+
+    paths.transcripts_file.write_bytes(whole + gzip.compress(b'{"no slot": 1}\n'))
+    found: list[tuple[str, str]] = []
+    assert sorted(paths.read_transcripts(lambda name, what: found.append((name, what)))) == [0, 1, 2]
+    assert found and found[0][0] == "transcripts.jsonl.gz" and "line 4" in found[0][1]
+    with pytest.raises(ValueError, match="transcripts.jsonl.gz: line 4"):
+        paths.read_transcripts()

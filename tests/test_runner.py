@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.records import read_events
+from orchestrator.records import CellPaths, read_events
 from orchestrator.run.grid_run import execute
 
 GRID = """\
@@ -83,7 +83,7 @@ def test_a_run_records_every_instance_once_with_costs_that_match_its_steps(tmp_p
         phases = Counter(r[1] for r in rows)
         assert phases == {"stream": 9, "epilogue": 2, "fresh": 2}
         assert (run_dir / "cells" / cell / "snapshots" / "00012.tar.gz").exists()
-        assert len(list((run_dir / "cells" / cell / "transcripts").iterdir())) == 13
+        assert sorted(CellPaths(run_dir / "cells" / cell).read_transcripts()) == list(range(13))
     # the same epilogue instance is served in the fresh reference
     rows = cells["stateless-floor.low.workstreams.s3"]
     assert sorted(r[2] for r in rows if r[1] == "epilogue") == sorted(r[2] for r in rows if r[1] == "fresh")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.records import CellPaths
 from stores_inspector import inspect_run
 from stores_inspector.generic import file_diff
 from stores_inspector.reading import Problems, decompress, open_sqlite, read_json, salvage_json
@@ -318,9 +319,8 @@ def test_openclaw_dreaming_promotion_staging_and_a_memory_search_that_finds_the_
             {"role": "user", "content": opening}, {"role": "assistant", "content": None, "tool_calls": [search]},
             {"role": "tool", "tool_call_id": "call1", "content": f"memory/2027-01-15.md: {TASK_A}: colours map 3->4"}],
             reply="{}")]))
-    (folder / "transcripts").mkdir()
     for slot in (0, 1):
-        (folder / "transcripts" / f"{slot:05d}.json").write_text(json.dumps([{"user": opening}]))
+        CellPaths(folder).append_transcript(slot, [{"user": opening}])
     note = ("openclaw/workspace/memory/2027-01-15.md", (f"{TASK_A}: colours map 3->4\n", T0 + 2))
     promoted = (f"# Memory\n\n<!-- openclaw-memory-promotion:memory:memory/2027-01-15.md:1:1 -->\n"
                 f"- {TASK_A}: colours map 3->4 [score=0.810 recalls=3 source=memory/2027-01-15.md:1-1]\n")
@@ -582,9 +582,8 @@ def test_a_program_file_written_after_the_verdict_is_run_and_found_on_the_return
     (folder / "journal" / "journal.jsonl").write_text("".join(
         call(0, T0 + 1, run, missing) + call(0, T0 + 4, write, None)
         + call(1, T0 + 101, run, f"carc-output task {TASK_A}: [[3]]")))
-    (folder / "transcripts").mkdir()
     for slot in (0, 1):
-        (folder / "transcripts" / f"{slot:05d}.json").write_text(json.dumps([{"user": opening}]))
+        CellPaths(folder).append_transcript(slot, [{"user": opening}])
     program = {f"programs/{TASK_A}.py": (source, T0 + 4.5)}
     (folder / "snapshots" / "00000.tar.gz").write_bytes(tar_gz(program))
     (folder / "snapshots" / "00001.tar.gz").write_bytes(tar_gz(program))

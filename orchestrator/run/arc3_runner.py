@@ -234,7 +234,7 @@ class Arc3CellRunner(SlotDriver):
 
     def __post_init__(self) -> None:
         self.paths = CellPaths(self.cell_dir)
-        for folder in (self.paths.state, self.paths.snapshots, self.paths.transcripts):
+        for folder in (self.paths.state, self.paths.snapshots):
             folder.mkdir(parents=True, exist_ok=True)
         self.cell.record().write(self.paths.settings)
         self.limits = self.grid.limits.limits()

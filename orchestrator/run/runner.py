@@ -164,7 +164,7 @@ class CellRunner(SlotDriver):
         self.state_dir = self.paths.state
         self.journal_tail: JournalTail | None = None
         self.services = None
-        for folder in (self.paths.state, self.paths.snapshots, self.paths.transcripts):
+        for folder in (self.paths.state, self.paths.snapshots):
             folder.mkdir(parents=True, exist_ok=True)
         self.cell.record().write(self.paths.settings)
         self.limits = self.grid.limits.limits()

@@ -25,7 +25,6 @@ before the fault are superseded (`records.standing`), never replayed.
 from __future__ import annotations
 
 import fcntl
-import json
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -393,7 +392,7 @@ class SlotDriver(ABC):
         return self.state.snapshot(self.paths.snapshot(slot.index))
 
     def _keep_transcript(self, slot: ScheduledSlot, transcript: Any) -> None:
-        self.paths.transcript(slot.index).write_text(json.dumps(transcript, indent=1))
+        self.paths.append_transcript(slot.index, transcript)
 
     # --- one instance -------------------------------------------------------------------------
 

@@ -19,8 +19,6 @@ removes (proxy.journal.TAG_HEADER).
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import shutil
 import tarfile
@@ -159,12 +157,6 @@ class UserRunner(CellRunner):
                     return self._run_slots(todo, events, journal, lambda *_: done(), stop=stop)
             finally:
                 self.learner.close()
-
-    def _keep_transcript(self, slot: ScheduledSlot, transcript: list) -> None:
-        """One gzip member per slot, appended (a resumed slot's later member is the one read)."""
-        line = json.dumps({"slot": slot.index, "messages": transcript}, ensure_ascii=False) + "\n"
-        with gzip.open(self.paths.transcripts_file, "ab", compresslevel=3) as handle:
-            handle.write(line.encode("utf-8", "surrogatepass"))
 
     def _snapshot(self, slot: ScheduledSlot) -> list:
         """The state after this instance. A ladder user's earlier snapshot goes (resume and the
