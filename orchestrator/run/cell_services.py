@@ -179,12 +179,14 @@ def ladder_learner(cell: Cell, state_dir: Path, prompts: PromptSet, model: ChatM
 
 
 @contextmanager
-def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
-    """Start the cell's proxy (and program sandbox); everything is torn down on exit, always."""
+def cell_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str,
+                  wipes: int | None = None) -> Iterator[CellServices]:
+    """Start the cell's proxy (and program sandbox); everything is torn down on exit, always.
+    `wipes`: how many wipes the pass will ask for (a harness row prepares no standby beyond them)."""
     from proxy.host import HostProxy
 
     if cell.learner in HARNESSES:
-        with harness_services(grid, cell, cell_dir, upstream) as services:
+        with harness_services(grid, cell, cell_dir, upstream, wipes) as services:
             yield services
         return
     refuse_host_programs(grid)  # a Ray node may run as another user than the run's start
@@ -263,8 +265,10 @@ def prepare_harness(box, grid: GridConfig, cell: Cell, row_name: str, prompts: P
 
 
 @contextmanager
-def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str) -> Iterator[CellServices]:
-    """A harness cell: its image, its sandbox and proxy container, its state volume."""
+def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str,
+                     wipes: int | None = None) -> Iterator[CellServices]:
+    """A harness cell: its image, its sandbox and proxy container, its state volume; a wiped
+    row's standby sandboxes (`wipes`: how many wipes are to come, when known)."""
     adapter = registry.adapter(cell.learner)
     paths = CellPaths(cell_dir)
     spec = harness_spec(grid, cell, paths.run.root, cell.cell, journal_dir(cell_dir), upstream)
@@ -287,7 +291,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
         state, learner, fault = first.state, first.learner, sandbox.fault
         if row(cell.row).wiped_before_each and grid.sandbox.standby:
             first.learner.prestart()  # the cell's own sandbox is as fresh as a standby
-            standbys = StandbyCell(first, standby)
+            standbys = StandbyCell(first, standby, wipes)
             state, learner, fault = standbys.state, standbys.learner, standbys.fault
         SandboxRecord(proxy="container", model_base_url=sandbox.reverse_base_url(), upstream=upstream,
                       image=spec.image, container=sandbox.container.name, harness=adapter.name,

@@ -175,7 +175,8 @@ class CellRunner(SlotDriver):
         truncate_torn_tail(self.events_path)
         events = read_events(self.events_path)
         finished = {e.slot for e in events if e.type == "instance_end"}
-        with cell_services(self.grid, self.cell, self.cell_dir, self.model_base_url) as services:
+        wipes = sum(1 for slot in schedule if slot.index not in finished and slot.wipe_before)
+        with cell_services(self.grid, self.cell, self.cell_dir, self.model_base_url, wipes) as services:
             self.services = services
             self.state = services.state
             endpoint = self.grid.model.endpoint_for(self.cell.effort, services.model_base_url)

@@ -9,8 +9,10 @@ wipe before an instance is then a swap: the instance meets the standby, which no
 the sandbox it replaces is torn down (on a thread of its own) while the next standby is prepared,
 both off the critical path.
 
-A standby serves exactly one instance, the one after the wipe that takes it; it is torn down with
-the cell (`close`), and its container and volume carry the run's and cell's labels, so the cell's
+A standby serves exactly one instance, the one after the wipe that takes it, and one is made only
+for a wipe still to come (`wipes`: how many the cell's pass will ask for; the cell's own fresh
+sandbox serves the first): a harness start is CPU a 2-core machine does not have to spare (an
+openclaw gateway, ~25 s of it). It is torn down with the cell (`close`), and its container and volume carry the run's and cell's labels, so the cell's
 teardown and `carc sandboxes prune` remove whatever a killed run left. When a standby cannot be
 made, the wipe happens in place, as without one.
 """
@@ -45,9 +47,10 @@ class StandbyCell:
     """The cell's current sandbox and its standby; `.state` and `.learner` stand for the current
     one's, so the runner drives it as it drives a single sandbox."""
 
-    def __init__(self, first: Prepared, make: Callable[[int], Prepared]):
+    def __init__(self, first: Prepared, make: Callable[[int], Prepared], wipes: int | None = None):
         self.current = first
         self.make = make
+        self.wipes_left = wipes  # None: not known, so a standby is always kept ready
         self.generation = 0
         self.pristine = True  # the current sandbox has served no instance since it was prepared
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carc-standby")
@@ -62,7 +65,16 @@ class StandbyCell:
         self.state = CurrentState(self)
         self._prepare_next()
 
-    def _prepare_next(self) -> None:
+    def _needed(self, serving: bool) -> bool:
+        """Whether a wipe still to come will find the current sandbox served (it then takes a
+        standby); `serving`: an instance is about to be served by the current sandbox."""
+        if self.wipes_left is None:
+            return True
+        return self.wipes_left - (1 if self.pristine and not serving else 0) > 0
+
+    def _prepare_next(self, serving: bool = False) -> None:
+        if self.standby is not None or self.closed or not self._needed(serving):
+            return
         self.generation += 1
         generation = self.generation
         self.standby = self.pool.submit(self._build, generation)
@@ -94,7 +106,10 @@ class StandbyCell:
     def wipe(self) -> None:
         """The next instance's fresh state: the current sandbox when it is fresh already (nothing
         served since it was prepared), else the standby; in place when no standby could be made."""
+        if self.wipes_left is not None:
+            self.wipes_left = max(0, self.wipes_left - 1)
         if self.pristine:
+            self._prepare_next(serving=True)  # for the wipe after this instance
             return
         future, self.standby = self.standby, None
         fresh = None
@@ -110,11 +125,12 @@ class StandbyCell:
             self.swaps += 1
             self.retirer.submit(self._retire, old)
         self.pristine = True
-        self._prepare_next()
+        self._prepare_next(serving=True)
 
     def restore(self, source: Path | None) -> None:
         self.current.state.restore(source)
         self.pristine = source is None
+        self._prepare_next()  # a restored state is a served one: the next wipe takes a standby
 
     def fault(self) -> str | None:
         return self.current.sandbox.fault()
