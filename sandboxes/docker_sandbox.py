@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import ipaddress
 import os
 import re
 import select
@@ -42,10 +41,10 @@ from proxy.journal import settle_in_flight
 from sandboxes.engines import SandboxEngine, register_engine
 from sandboxes.environment import (SNAPSHOT_GZIP_LEVEL, ExecResult, LeftOut, Limits, ProxySpec,  # noqa: F401 - the specs, re-exported
                                   SandboxEnvironment, SandboxError, SandboxSpec, durable_replace)
-from sandboxes.images import docker_client, machine_lock
+from sandboxes.images import docker_client
 from sandboxes.snapshot_archive import SnapshotArchive
 from sandboxes import state_volumes
-from sandboxes.networks import ipv4_subnets
+from sandboxes.networks import create_cell_network, ensure_egress_network, host_address, pinned_address, remove_network
 
 log = structlog.get_logger("carc.sandbox")
 
@@ -56,8 +55,6 @@ PROXY_HOST = "proxy"
 REGULAR_PORT = 8080
 REVERSE_PORT = 8081
 DNS_PORT = 53  # the engine forwards lookups to port 53 only
-EGRESS_NETWORK = "carc-egress"
-CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16"))
 LABEL_RUN = "org.carc.run"
 LABEL_CELL = "org.carc.cell"
 LABEL_ROLE = "org.carc.role"
@@ -95,14 +92,19 @@ class DockerSandbox(SandboxEnvironment):
         self.generation = 0  # 0: the cell's own sandbox; n > 0: a standby made by `standby(n)`
 
     def standby(self, generation: int) -> "DockerSandbox":
-        """Another sandbox container of this cell, with its own empty state volume, on the same
-        cell network behind the same proxy (not started: call `start()`). Its teardown removes
-        its container and volume only; the cell's own teardown (and `prune`) removes any left."""
+        """Another sandbox container of this cell, started, with its own empty state volume, on
+        the same cell network behind the same proxy. Its teardown removes its container and
+        volume only; the cell's own teardown (and `prune`) removes any left."""
         other = DockerSandbox(self.spec, docker_client())  # a client of its own: used from a thread
         other.generation = generation
         other.proxy_container, other.proxy_address, other.network = (
             self.proxy_container, self.proxy_address, self.network)
-        return other
+        return other.start()
+
+    def retire(self) -> None:
+        """Remove this sandbox's container and volume, with an engine client of this thread's own
+        (the cell's thread goes on using its client)."""
+        self.remove_sandbox(docker_client())
 
     @property
     def _suffix(self) -> str:
@@ -131,7 +133,7 @@ class DockerSandbox(SandboxEnvironment):
         network_mode = "none"
         if spec.proxy is not None:
             if not self.generation:
-                self.network = create_cell_network(self.client, self.name, self.labels)
+                self.network = create_cell_network(self.client, self.name, {**self.labels, LABEL_ROLE: "network"})
                 self.proxy_container = self._start_proxy(spec.proxy)
             network_mode = self.network.name
             env.update(proxy_environment())
@@ -230,7 +232,7 @@ class DockerSandbox(SandboxEnvironment):
             except docker.errors.NotFound:
                 pass
         for net in self.client.networks.list(names=[f"{self.name}-net"]):
-            _remove_network(net)
+            remove_network(net)
         try:
             state_volumes.remove(self.client.volumes.get(f"{self.name}-state"))
         except docker.errors.NotFound:
@@ -299,7 +301,7 @@ class DockerSandbox(SandboxEnvironment):
             except docker.errors.APIError as exc:
                 log.warning("teardown_standbys", sandbox=self.name, error=str(exc))
         if self.network is not None:
-            _remove_network(self.network)
+            remove_network(self.network)
             self.network = None
 
     def remove_sandbox(self, client: docker.DockerClient | None = None) -> None:
@@ -639,78 +641,6 @@ def proxy_environment() -> dict[str, str]:
     return env
 
 
-# --- networks -------------------------------------------------------------------------------
-
-def ensure_egress_network(client: docker.DockerClient) -> str:
-    """The shared bridge the proxies reach the model host through (never joined by a sandbox)."""
-    with machine_lock("networks"):
-        if not client.networks.list(names=[EGRESS_NETWORK]):
-            client.networks.create(EGRESS_NETWORK, driver="bridge",
-                                   labels={"org.carc.shared": "egress"})
-    return EGRESS_NETWORK
-
-
-def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str, str]):
-    """An internal /28 from carc's own pool (Docker's default pools run out after ~30 networks).
-
-    `inhibit_ipv4` leaves the host without an address on the bridge, so the sandbox cannot reach
-    any service on the host either; the proxy is the only other member.
-    """
-    with machine_lock("networks"):
-        used = set()
-        for net in client.networks.list():
-            for config in (net.attrs.get("IPAM") or {}).get("Config") or []:
-                if config.get("Subnet"):
-                    used.add(ipaddress.ip_network(config["Subnet"], strict=False))
-        for subnet in CELL_POOL.subnets(new_prefix=28):
-            if any(subnet.overlaps(u) for u in used):
-                continue
-            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
-            try:
-                return client.networks.create(
-                    f"{name}-net", driver="bridge", internal=True, ipam=ipam,
-                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                    labels={**labels, LABEL_ROLE: "network"})
-            except docker.errors.APIError as exc:
-                if "overlap" in str(exc).lower():
-                    used.add(subnet)
-                    continue
-                raise
-    raise SandboxError(f"no free /28 left in {CELL_POOL} (set CARC_CELL_POOL, or run "
-                       f"`carc sandboxes prune`)")
-
-
-def pinned_address(network) -> str | None:
-    """The proxy's fixed address on a cell network: the subnet's last host, which the engine,
-    handing out from the bottom, gives nobody else; fixed, so a restarted proxy keeps it. None
-    when the engine does not report the subnet (then the sandbox keeps Docker's resolver alone,
-    whose lookups of outside names time out instead of failing at once)."""
-    for subnet in ipv4_subnets(network.attrs):
-        if subnet.num_addresses >= 8:
-            return str(subnet.broadcast_address - 1)
-    return None
-
-
-def _remove_network(net) -> None:
-    """Disconnect whatever is still attached, then remove; members may vanish meanwhile (other
-    teardowns run at the same time), which must not leave the /28 allocated."""
-    try:
-        net.reload()
-    except docker.errors.NotFound:
-        return
-    for container_id in (net.attrs.get("Containers") or {}):
-        try:
-            net.disconnect(container_id, force=True)
-        except docker.errors.APIError:
-            pass  # already gone
-    try:
-        net.remove()
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        log.warning("teardown_network", name=net.name, error=str(exc))
-
-
 # --- cleaning up after crashes --------------------------------------------------------------
 
 @dataclass
@@ -762,7 +692,7 @@ def _prune_labelled(client: docker.DockerClient, label: str) -> Pruned:
             continue
         pruned.containers.append(container.name)
     for net in client.networks.list(filters={"label": label}):
-        _remove_network(net)
+        remove_network(net)
         pruned.networks.append(net.name)
     for volume in client.volumes.list(filters={"label": label}):
         try:
@@ -826,6 +756,11 @@ class DockerEngine(SandboxEngine):
 
     isolates_programs = True
     needs_docker = True
+
+    def model_host(self) -> str:
+        """The host's address on the engine's default bridge: proxy containers reach it there,
+        sandboxes never (their networks give the host no address)."""
+        return host_address(docker_client())
 
     def open(self, spec: SandboxSpec) -> DockerSandbox:
         return DockerSandbox(spec).start()

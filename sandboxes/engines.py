@@ -33,6 +33,11 @@ class SandboxEngine:
     isolates_programs: bool = True  # program checks run in a sandbox of this engine
     needs_docker: bool = False  # the run prepares Docker images and prunes containers
 
+    def model_host(self) -> str:
+        """The host address the machine's model servers listen on so that this engine's
+        sandboxes' proxies reach them (loopback when the proxies run on the host)."""
+        return "127.0.0.1"
+
     def open(self, spec: SandboxSpec) -> SandboxEnvironment:
         """A started sandbox for `spec` (its teardown removes all it made)."""
         raise ConfigError(f"sandbox.engine {self.name!r} runs no sandbox: a grid with a harness (or "

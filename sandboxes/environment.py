@@ -182,6 +182,18 @@ class Sandbox(abc.ABC):
         fault, never charged to the learner. An engine that cannot tell says None."""
         return None
 
+    def standby(self, generation: int) -> "SandboxEnvironment":
+        """Another sandbox of this cell, started, with its own empty state volume, behind the same
+        proxy (a wiped row's next instance, prepared ahead: orchestrator/run/standby.py). Its
+        `retire` removes it alone; this sandbox's teardown removes every standby still standing.
+        An engine without standbys raises SandboxError (grids then set `sandbox.standby: false`)."""
+        raise SandboxError(f"{type(self).__name__} makes no standby sandboxes: set sandbox.standby: false")
+
+    def retire(self) -> None:
+        """Remove this sandbox alone (a standby's, or a retired one's end), from any thread: the
+        cell's proxy and network stay for its other sandbox."""
+        self.teardown()
+
     def __enter__(self) -> "Sandbox":
         return self
 

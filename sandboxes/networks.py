@@ -1,4 +1,8 @@
-"""Where a sandbox-side service reaches the host: the gateway address of a Docker bridge network.
+"""carc's Docker networks: where a sandbox-side service reaches the host, and the networks carc
+makes (the proxies' egress bridge; one internal /28 per cell, whose only members are the cell's
+sandboxes and its proxy, and which gives the host no address).
+
+Where a service reaches the host is the gateway address of a Docker bridge network.
 
 Docker reports a bridge's gateway in `IPAM.Config[i].Gateway` only sometimes: Debian's docker.io
 20.10 on a fresh engine gives the default bridge `{"Config": [{"Subnet": "172.17.0.0/16"}]}`
@@ -17,14 +21,24 @@ When none works, `NoGatewayError` names every field and interface looked at.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
 import docker
+import docker.errors
 import psutil
+import structlog
 
 from orchestrator.errors import MachineError
+from sandboxes.environment import SandboxError
+from sandboxes.images import machine_lock
+
+log = structlog.get_logger("carc.sandbox")
+
+EGRESS_NETWORK = "carc-egress"  # the shared bridge the proxies reach the model host through
+CELL_POOL = ipaddress.ip_network(os.environ.get("CARC_CELL_POOL", "10.213.0.0/16"))  # cells' /28s
 
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 DEFAULT_BRIDGE = "bridge"
@@ -117,3 +131,76 @@ def host_address(client: docker.DockerClient) -> str:
     """The address a sandbox-side service (a proxy container, `host-gateway`) reaches the host
     on: the default bridge's gateway. A host service it must reach listens there."""
     return network_gateway(client, DEFAULT_BRIDGE)
+
+
+# --- carc's own networks: the proxies' egress bridge, one internal /28 per cell ----------------
+
+def ensure_egress_network(client: docker.DockerClient) -> str:
+    """The shared bridge the proxies reach the model host through (never joined by a sandbox)."""
+    with machine_lock("networks"):
+        if not client.networks.list(names=[EGRESS_NETWORK]):
+            client.networks.create(EGRESS_NETWORK, driver="bridge",
+                                   labels={"org.carc.shared": "egress"})
+    return EGRESS_NETWORK
+
+
+def create_cell_network(client: docker.DockerClient, name: str, labels: dict[str, str]):
+    """`<name>-net`, an internal /28 from carc's own pool (Docker's default pools run out after
+    ~30 networks), with `labels`.
+
+    `inhibit_ipv4` leaves the host without an address on the bridge, so the sandbox cannot reach
+    any service on the host either; the proxy is the only other member.
+    """
+    with machine_lock("networks"):
+        used = set()
+        for net in client.networks.list():
+            for config in (net.attrs.get("IPAM") or {}).get("Config") or []:
+                if config.get("Subnet"):
+                    used.add(ipaddress.ip_network(config["Subnet"], strict=False))
+        for subnet in CELL_POOL.subnets(new_prefix=28):
+            if any(subnet.overlaps(u) for u in used):
+                continue
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
+            try:
+                return client.networks.create(
+                    f"{name}-net", driver="bridge", internal=True, ipam=ipam,
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                    labels=labels)
+            except docker.errors.APIError as exc:
+                if "overlap" in str(exc).lower():
+                    used.add(subnet)
+                    continue
+                raise
+    raise SandboxError(f"no free /28 left in {CELL_POOL} (set CARC_CELL_POOL, or run "
+                       f"`carc sandboxes prune`)")
+
+
+def pinned_address(network) -> str | None:
+    """The proxy's fixed address on a cell network: the subnet's last host, which the engine,
+    handing out from the bottom, gives nobody else; fixed, so a restarted proxy keeps it. None
+    when the engine does not report the subnet (then the sandbox keeps Docker's resolver alone,
+    whose lookups of outside names time out instead of failing at once)."""
+    for subnet in ipv4_subnets(network.attrs):
+        if subnet.num_addresses >= 8:
+            return str(subnet.broadcast_address - 1)
+    return None
+
+
+def remove_network(net) -> None:
+    """Disconnect whatever is still attached, then remove; members may vanish meanwhile (other
+    teardowns run at the same time), which must not leave the /28 allocated."""
+    try:
+        net.reload()
+    except docker.errors.NotFound:
+        return
+    for container_id in (net.attrs.get("Containers") or {}):
+        try:
+            net.disconnect(container_id, force=True)
+        except docker.errors.APIError:
+            pass  # already gone
+    try:
+        net.remove()
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        log.warning("teardown_network", name=net.name, error=str(exc))

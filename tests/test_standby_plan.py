@@ -31,7 +31,7 @@ class FakeLearner:
 
 
 class FakeSandbox:
-    def remove_sandbox(self, client=None):
+    def retire(self):
         pass
 
 
@@ -51,9 +51,7 @@ def serve(cell: StandbyCell, instances: int) -> None:
         cell.learner.begin(None)  # the instance is served by the current sandbox
 
 
-def test_a_pass_of_n_wiped_instances_makes_n_minus_one_standbys_and_none_left_over(monkeypatch):
-    import orchestrator.run.standby as standby
-    monkeypatch.setattr(standby, "docker_client", lambda: None)
+def test_a_pass_of_n_wiped_instances_makes_n_minus_one_standbys_and_none_left_over():
     for n in (1, 2, 4):
         made: list[int] = []
         cell = cell_with(n, made)
@@ -64,9 +62,7 @@ def test_a_pass_of_n_wiped_instances_makes_n_minus_one_standbys_and_none_left_ov
         assert cell.current.state.wiped_in_place == 0
 
 
-def test_a_resumed_pass_restores_a_served_state_so_every_wipe_takes_a_standby(monkeypatch):
-    import orchestrator.run.standby as standby
-    monkeypatch.setattr(standby, "docker_client", lambda: None)
+def test_a_resumed_pass_restores_a_served_state_so_every_wipe_takes_a_standby():
     made: list[int] = []
     cell = cell_with(3, made)
     cell.state.restore("snapshot of the last finished instance")
@@ -75,9 +71,7 @@ def test_a_resumed_pass_restores_a_served_state_so_every_wipe_takes_a_standby(mo
     assert len(made) == cell.generation == 3 and cell.swaps == 3
 
 
-def test_without_a_count_a_standby_is_always_kept_ready_as_before(monkeypatch):
-    import orchestrator.run.standby as standby
-    monkeypatch.setattr(standby, "docker_client", lambda: None)
+def test_without_a_count_a_standby_is_always_kept_ready_as_before():
     made: list[int] = []
     cell = cell_with(None, made)
     serve(cell, 3)

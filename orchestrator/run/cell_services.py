@@ -275,7 +275,7 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     prompts = PromptSet.load(grid.prompts)
 
     def standby(generation: int) -> Prepared:
-        box = sandbox.standby(generation).start()
+        box = sandbox.standby(generation)
         try:
             ready = prepare_harness(box, grid, cell, cell.row, prompts)
             ready.learner.prestart()
@@ -302,5 +302,5 @@ def harness_services(grid: GridConfig, cell: Cell, cell_dir: Path, upstream: str
     finally:
         if standbys is not None:
             standbys.close()
-            standbys.current.sandbox.remove_sandbox()
+            standbys.current.sandbox.retire()
         sandbox.teardown()

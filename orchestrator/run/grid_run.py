@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import httpx
 import structlog
@@ -32,7 +32,7 @@ from proxy.host import die_with_parent, free_port
 from orchestrator.run.cell_services import refuse_host_programs
 from orchestrator.run.grid_config import (EMBEDDED, HARNESSES, Cell, GridConfig, grid_differences, load_grid, run_prices,
                                          write_run_grid)
-from sandboxes.engines import sandbox_engine
+from sandboxes.engines import harness_engine, sandbox_engine
 
 log = structlog.get_logger("carc.grid")
 
@@ -213,6 +213,15 @@ def needs_docker(grid: GridConfig) -> bool:
                                           and "program-library" in learners)
 
 
+def model_host(grid: GridConfig, cells: Iterable[Cell] | None = None) -> str:
+    """Where this machine's model servers listen for `cells` (default: the grid's): where the
+    harness engine's proxies reach the host (docker's: the host's bridge address, which no
+    sandbox reaches), or loopback when no harness is among them."""
+    if not any(cell.learner in HARNESSES for cell in (grid.cells() if cells is None else cells)):
+        return "127.0.0.1"
+    return harness_engine(grid.sandbox.engine).model_host()
+
+
 def harness_learners(grid: GridConfig) -> list[str]:
     return sorted({c.learner for c in grid.cells()} & HARNESSES)
 
@@ -289,14 +298,7 @@ def _execute(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Cell]
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     servers = max(1, min(workers, os.cpu_count() or 1))
-    # Harness proxies run in containers: the model must listen on the host's docker0 address
-    # (which no sandbox can reach: their networks give the host no address).
-    host = "127.0.0.1"
-    if harness_learners(grid):
-        from sandboxes.images import docker_client
-        from sandboxes.networks import host_address
-        host = host_address(docker_client())
-    with model_service(grid, RunPaths(run_dir).logs, servers, host) as urls:
+    with model_service(grid, RunPaths(run_dir).logs, servers, model_host(grid, cells)) as urls:
         progress = Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), disable=not show_progress)
         warm_proxy = grid.proxy.journal and any(c.learner not in HARNESSES for c in cells)

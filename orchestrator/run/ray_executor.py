@@ -125,17 +125,12 @@ def run_cell_attempt(run_dir: str, cell_json: str, records=None) -> str:
 
 def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
     from orchestrator.run.runner import cell_runner
-    from orchestrator.run.grid_run import harness_learners, model_service
+    from orchestrator.run.grid_run import model_host, model_service
 
     grid = load_grid(run.grid)
     paths = run.cell(cell.cell)
     log.info("cell_attempt", cell=cell.cell, token=fence.token, holder=fence.holder)
-    host = "127.0.0.1"
-    if cell.learner in harness_learners(grid):  # proxy containers reach the host's docker0
-        from sandboxes.images import docker_client
-        from sandboxes.networks import host_address
-        host = host_address(docker_client())
-    with model_service(grid, run.logs, 1, host, tag=f"{cell.cell}.{fence.token}-") as urls:
+    with model_service(grid, run.logs, 1, model_host(grid, [cell]), tag=f"{cell.cell}.{fence.token}-") as urls:
         return cell_runner(grid, cell, paths.root, urls[0], fence=fence).run()
 
 

@@ -28,8 +28,7 @@ import structlog
 
 from harness_adapters.base import InstanceView, Learner, Turn
 from orchestrator.protocol import Outcome
-from sandboxes.environment import LeftOut
-from sandboxes.images import docker_client
+from sandboxes.environment import LeftOut, Sandbox
 
 log = structlog.get_logger("carc.standby")
 
@@ -38,8 +37,8 @@ log = structlog.get_logger("carc.standby")
 class Prepared:
     """One sandbox with the harness's state and learner built on it."""
 
-    sandbox: Any  # DockerSandbox
-    state: Any    # HarnessState
+    sandbox: Sandbox
+    state: Any    # HarnessState (harness_adapters/harness.py)
     learner: Learner
 
 
@@ -99,9 +98,7 @@ class StandbyCell:
             old.learner.close()
         except Exception as exc:
             log.warning("standby_retire_learner", error=str(exc))
-        # the cell's proxy and network stay (they serve the new one); an engine client of this
-        # thread's own, as the main thread goes on using the cell's
-        old.sandbox.remove_sandbox(docker_client())
+        old.sandbox.retire()  # the cell's proxy and network stay: they serve the new one
 
     def wipe(self) -> None:
         """The next instance's fresh state: the current sandbox when it is fresh already (nothing

@@ -383,16 +383,6 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
 
 
 
-def model_host(grid: GridConfig) -> str:
-    """Where this machine's model listens: the host's docker0 address when harness proxies
-    (containers) call it, else loopback."""
-    if not any(c.learner in HARNESSES for c in grid.cells()):
-        return "127.0.0.1"
-    from sandboxes.images import docker_client
-    from sandboxes.networks import host_address
-    return host_address(docker_client())
-
-
 class RowPool:
     """The user threads every row shares: a free thread takes the oldest waiting user of the row
     with the fewest users running (ties: the row served longest ago), so every row with work
@@ -484,10 +474,9 @@ def row_failures(run_dir: Path, drivers: dict[Future, Cell]) -> list[str]:
 
 def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dict, plan, workers: int,
               checkers: Checkers, progress: Progress, stop: threading.Event, failures: list[str]) -> None:
-    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.grid_run import model_host, model_service
 
     users = len(next(iter(schedules.values())))
-    # Harness proxies run in containers: the model listens on the host's docker0 address then.
     host = model_host(grid)
     # the embedded model: one server whose processes (one per core) share its port, so every
     # row's proxy has one upstream and the kernel spreads the calls
