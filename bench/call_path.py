@@ -37,7 +37,7 @@ from harness_adapters.chat_model import ChatModel, ModelEndpoint  # noqa: E402
 from orchestrator.prompts import PromptSet  # noqa: E402
 from orchestrator.run.grid_config import load_grid  # noqa: E402
 from orchestrator.run.collective.schedule import user_schedule  # noqa: E402
-from orchestrator.run.grid_run import _wait_ready  # noqa: E402
+from orchestrator.run.model_service import _wait_ready  # noqa: E402
 from proxy.host import HostProxy, free_port  # noqa: E402
 from proxy.journal import make_tag  # noqa: E402
 

@@ -24,8 +24,8 @@ from rich.table import Table
 
 from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import load_grid
-from orchestrator.run.grid_run import model_service
-from orchestrator.run.runner import CellRunner
+from orchestrator.run.model_service import model_service
+from orchestrator.run.cell_runner import CellRunner
 from orchestrator.run.schedule import build_schedule
 from proxy.host import prepare_spare
 

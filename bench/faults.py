@@ -77,7 +77,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from orchestrator.records import read_events  # noqa: E402
-from orchestrator.run.grid_run import execute  # noqa: E402
+from orchestrator.run.local_pool import execute  # noqa: E402
 from proxy.journal import read_journal  # noqa: E402
 from tests.solver_endpoint import UPSTREAM_FAULTS, SolverEndpoint, serve  # noqa: E402
 

@@ -35,7 +35,7 @@ from rich.table import Table  # noqa: E402
 from harness_adapters import registry  # noqa: E402
 from orchestrator.analysis.journal_summary import instance_walls, journal_frame  # noqa: E402
 from orchestrator.records import RunPaths, read_events  # noqa: E402
-from orchestrator.run.grid_run import execute  # noqa: E402
+from orchestrator.run.local_pool import execute  # noqa: E402
 from sandboxes.images import docker_client, ensure_image, image_size_mb  # noqa: E402
 
 console = Console(width=200)

@@ -37,8 +37,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every node on
 
 from orchestrator.records import RunPaths, read_events  # noqa: E402
 from orchestrator.run.collective.on_ray import execute_collective_ray  # noqa: E402
-from orchestrator.run.collective.runner import execute_collective  # noqa: E402
-from orchestrator.run.grid_run import execute  # noqa: E402
+from orchestrator.run.collective.rounds import execute_collective  # noqa: E402
+from orchestrator.run.local_pool import execute  # noqa: E402
 from orchestrator.run.ray_executor import execute_ray_run  # noqa: E402
 
 LEARNERS = ["stateless-floor", "demo-cache-floor"]

@@ -206,7 +206,7 @@ def grid_for(kind: str, cells: int, args: argparse.Namespace) -> dict:
 
 
 def run_local(run: Path, cells: int) -> None:
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
     execute(run, workers=cells, show_progress=False)
 
 

@@ -85,7 +85,7 @@ def grid_run(grid: Optional[Path] = typer.Argument(None, help="grid YAML file"),
     """Run every cell of GRID (or continue --resume RUN), then write the report."""
     from orchestrator.records import RunPaths
     from orchestrator.run import executors
-    from orchestrator.run.grid_run import RunInterrupted, open_run, set_usd_per_cell, stopped_cells
+    from orchestrator.run.run_folder import RunInterrupted, open_run, set_usd_per_cell, stopped_cells
 
     if (grid is None) == (resume is None):
         _fail("give a grid file, or --resume RUN_DIR (not both)")

@@ -1,6 +1,6 @@
 """One cell's records as the runner wrote them: settings, instances, journal, transcripts.
 
-Layout read (orchestrator/run/runner.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
+Layout read (orchestrator/records.py): `cell.json`, `sandbox.json`, `events.jsonl` (or `.zst` /
 `.gz`), `journal/journal.jsonl`, `transcripts/NNNNN.json`, `snapshots/NNNNN.tar.gz`, `logs/NNNNN/`;
 a collective grid's harness user the same in `users/uNNNN/`, its transcripts in one gzip file.
 """

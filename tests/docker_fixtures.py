@@ -51,7 +51,7 @@ def run_scripted_grid(root, name: str, grid_template: str, served: list | None =
     """Run a grid on the scripted tool-using model (its `{endpoint}` filled in); the run folder.
     What the model answered is appended to `served`."""
     from harness_adapters.scripted_model import scripted_model_server
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
 
     run = root / "runs" / name
     (run / "cells").mkdir(parents=True)

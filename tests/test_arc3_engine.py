@@ -113,7 +113,7 @@ def test_a_closed_engine_leaves_no_container_or_network(image, client):
 def test_an_arc3_grid_runs_through_the_engine_with_the_player_and_its_library_twin(tmp_path, image, client):
     """The acceptance run: the toolkit's test games (small levels), every level met twice."""
     from orchestrator.analysis.report import write_report
-    from orchestrator.run.grid_run import start_run
+    from orchestrator.run.local_pool import start_run
     games = games_dir("toolkit_test_environment_files")
     grid = tmp_path / "arc3.yaml"
     grid.write_text(f"""\
@@ -196,7 +196,7 @@ def test_carc_arc3_fetch_runs_the_toolkit_against_an_api_and_checks_what_it_wrot
 def test_a_harness_plays_arc3_through_the_same_conversation_one_action_per_reply(tmp_path, image, client):
     """hermes-agent in its sandbox behind its proxy, on bt11's first level (cap 20): every reply
     an action, every action charged, the calls journaled, the asked-to-store row invited."""
-    from orchestrator.run.grid_run import start_run
+    from orchestrator.run.local_pool import start_run
     from proxy.journal import read_journal
     games = games_dir("toolkit_test_environment_files") / "game1"
     grid = tmp_path / "hermes-arc3.yaml"

@@ -207,13 +207,13 @@ def test_the_report_has_the_arc3_levels_with_the_retention_view(grid_path, tmp_p
 # ----- the stateless floor: the bare model, through the cell's journaling proxy -----
 
 def test_the_stateless_floor_plays_through_the_embedded_model_and_the_proxy(grid_path, tmp_path):
-    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.model_service import model_service
     from proxy.journal import read_journal
     path = tmp_path / "floor.yaml"
     path.write_text(GRID.format(visits=3).replace(
         "learners: [arc3-explorer, arc3-library, {learner: arc3-library, row: wiped}]",
         "learners: [stateless-floor]"))
-    from orchestrator.run.grid_run import open_run, run_grid_path
+    from orchestrator.run.run_folder import open_run, run_grid_path
     run = open_run(path, tmp_path / "runs", "floor")
     grid = load_grid(run_grid_path(run))
     cell = grid.cells()[0]
@@ -233,7 +233,8 @@ def test_the_stateless_floor_plays_through_the_embedded_model_and_the_proxy(grid
 
 
 def test_a_cell_stops_at_its_dollar_cap_before_a_level_and_continues_when_raised(grid_path, tmp_path):
-    from orchestrator.run.grid_run import model_service, open_run, run_grid_path, set_usd_per_cell
+    from orchestrator.run.model_service import model_service
+    from orchestrator.run.run_folder import open_run, run_grid_path, set_usd_per_cell
     path = tmp_path / "floor.yaml"
     path.write_text(GRID.format(visits=3).replace(
         "learners: [arc3-explorer, arc3-library, {learner: arc3-library, row: wiped}]",

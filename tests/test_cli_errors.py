@@ -34,11 +34,11 @@ def test_a_bug_inside_a_command_keeps_its_traceback_instead_of_becoming_a_user_e
         tmp_path, monkeypatch):
     """`carc grid run` used to catch every ValueError and RuntimeError and print it as one line,
     so a bug read as the user's mistake, without its traceback."""
-    import orchestrator.run.grid_run as grid_run
+    import orchestrator.run.run_folder as run_folder
 
     def broken(*args, **kwargs):
         raise ValueError("an internal bug: a value no user wrote")
-    monkeypatch.setattr(grid_run, "open_run", broken)
+    monkeypatch.setattr(run_folder, "open_run", broken)
     grid = tmp_path / "grid.yaml"
     grid.write_text("name: g\nlearners: [stateless-floor]\n")
     result = CliRunner().invoke(app, ["grid", "run", str(grid), "--runs-dir", str(tmp_path / "runs")])

@@ -25,12 +25,12 @@ from harness_adapters.program_library import ProgramLibrary
 from orchestrator import fault_points
 from orchestrator.arc import Demo
 from orchestrator.tasks.frames import Frame
-from orchestrator.run.collective import runner as collective_runner
+from orchestrator.run.collective import rounds as collective_runner
 from orchestrator.run.collective.schedule import rounds, user_schedule, user_seed
 from orchestrator.run.collective.training import RoundModel, RoundTrainer
 from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import GridConfig, load_grid
-from orchestrator.run.collective.runner import execute_collective as execute
+from orchestrator.run.collective.rounds import execute_collective as execute
 from proxy.journal import read_journal
 
 GRID = """\

@@ -46,7 +46,7 @@ INDEPENDENT, COLLECTIVE = "hermes-agent.low.workstreams.s3", "hermes-agent-colle
 
 @pytest.fixture(scope="module")
 def run_dir(client, tmp_path_factory) -> Path:
-    from orchestrator.run.collective.runner import execute_collective
+    from orchestrator.run.collective.rounds import execute_collective
     run = tmp_path_factory.mktemp("collective-harness") / "runs" / "collective-harness"
     (run / "cells").mkdir(parents=True)
     (run / "grid.yaml").write_text(GRID)
@@ -261,7 +261,7 @@ def test_kept_passages_are_the_lines_that_mention_a_task_up_to_a_blank_line(tmp_
 def test_a_killed_curators_journal_is_kept_beside_the_round_and_the_update_done_again(tmp_path):
     """What a curator killed mid-update called is on record; the update is built again whole."""
     from orchestrator.records import CellPaths
-    from orchestrator.run.collective.runner import update_shared
+    from orchestrator.run.collective.rounds import update_shared
     from orchestrator.run.grid_config import GridConfig
 
     grid = GridConfig.model_validate({"name": "x", "collective": {"users": 1, "round_slots": 1},

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator import fault_points
 from orchestrator.records import CellFence, RunPaths, read_events
-from orchestrator.run.collective.runner import execute_collective
+from orchestrator.run.collective.rounds import execute_collective
 from proxy.journal import read_journal
 from tests.test_collective import outcomes, shared_digests
 from tests.test_ray_executor import cluster, run_losing_a_node  # noqa: F401 - the fixture
@@ -114,10 +114,10 @@ def test_a_users_attempt_that_a_newer_attempt_replaced_writes_no_record(tmp_path
     import threading
 
     from orchestrator.records import StaleAttempt
-    from orchestrator.run.collective.runner import Checkers, UserRunner, row_services
+    from orchestrator.run.collective.rounds import Checkers, UserRunner, row_services
     from orchestrator.run.collective.schedule import user_schedule
     from orchestrator.run.grid_config import load_grid
-    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.model_service import model_service
 
     run = make_run(tmp_path, "fenced")
     grid = load_grid(run / "grid.yaml")

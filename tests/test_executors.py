@@ -15,8 +15,8 @@ from orchestrator.errors import ConfigError, MachineError
 from orchestrator.run import executors
 from orchestrator.run.arc3_runner import Arc3CellRunner
 from orchestrator.run.grid_config import load_grid
-from orchestrator.run.grid_run import RunInterrupted
-from orchestrator.run.runner import CellRunner, cell_runner
+from orchestrator.run.run_folder import RunInterrupted
+from orchestrator.run.cell_runner import CellRunner, cell_runner
 
 GRIDS = {
     "own": "name: g\nseed: 1\ntrack: {name: own, tasks: 1, visits: 1, epilogue: 0}\nlearners: [stateless-floor]\n",
@@ -49,9 +49,9 @@ def test_a_cells_slot_driver_is_chosen_by_its_track_in_one_place(tmp_path, kind,
 
 
 @pytest.mark.parametrize("kind, executor, entry", [
-    ("own", "local", "orchestrator.run.grid_run.execute"),
-    ("arc3", "local", "orchestrator.run.grid_run.execute"),
-    ("collective", "local", "orchestrator.run.collective.runner.execute_collective"),
+    ("own", "local", "orchestrator.run.local_pool.execute"),
+    ("arc3", "local", "orchestrator.run.local_pool.execute"),
+    ("collective", "local", "orchestrator.run.collective.rounds.execute_collective"),
     ("own", "ray", "orchestrator.run.ray_executor.execute_ray_run"),
     ("arc3", "ray", "orchestrator.run.ray_executor.execute_ray_run"),
     ("collective", "ray", "orchestrator.run.collective.on_ray.execute_collective_ray"),

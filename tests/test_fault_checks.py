@@ -23,11 +23,11 @@ from harness_adapters.base import Learner, Turn
 from harness_adapters.harness import FailureKind, HarnessError
 from harness_adapters.program_check import local_executor
 from orchestrator.records import CellPaths, read_events, standing
-from orchestrator.run import runner as runner_module
+from orchestrator.run import cell_runner as runner_module
 from orchestrator.run import slot_driver
 from orchestrator.run.cell_services import CellServices, HostStateDir
 from orchestrator.run.grid_config import load_grid
-from orchestrator.run.runner import CellRunner
+from orchestrator.run.cell_runner import CellRunner
 from orchestrator.run.slot_driver import InfrastructureFault
 from orchestrator.run.schedule import build_schedule
 
@@ -107,7 +107,7 @@ def setup(tmp_path: Path, monkeypatch, proxy: Proxy, when_dead: str = "says"):
     cell_dir = tmp_path / "runs" / "fake-proxy" / "cells" / cell.cell
 
     @contextmanager
-    def services(grid, cell, cell_dir, upstream):
+    def services(grid, cell, cell_dir, upstream, wipes=None):
         proxy.start()
         learner = ScriptedHarness(CellPaths(cell_dir).state, proxy, answers, when_dead)
         yield CellServices("http://proxy.invalid/v1", HostStateDir(CellPaths(cell_dir).state), local_executor,

@@ -196,7 +196,7 @@ def test_an_upper_case_scheme_is_read_as_the_url_it_is(tmp_path):
 
 
 def test_cells_start_longest_first_and_the_order_keeps_every_cell_once(tmp_path):
-    from orchestrator.run.grid_run import run_order
+    from orchestrator.run.local_pool import run_order
 
     cells = load_grid(write(tmp_path, """\
         name: t
@@ -267,7 +267,8 @@ def test_a_run_of_such_a_grid_stops_before_any_cell_starts(tmp_path, monkeypatch
     """The refusal comes at run start (and again where a cell picks its program executor, for a
     Ray node running as another user), before a model server, a proxy or a cell folder."""
     import orchestrator.run.cell_services as cell_services
-    from orchestrator.run.grid_run import execute, open_run
+    from orchestrator.run.local_pool import execute
+    from orchestrator.run.run_folder import open_run
 
     monkeypatch.setattr(cell_services, "carc_uid", lambda: 1000)  # the seam: carc as uid 1000
     monkeypatch.setenv("CARC_TEST_HOST_KEY", "sk-real-host")

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.analysis.report import write_report
 from orchestrator.records import read_events, standing
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 from tests.solver_endpoint import SolverEndpoint, serve
 

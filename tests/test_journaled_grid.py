@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.records import read_events
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 from tests.test_runner import make_run
 

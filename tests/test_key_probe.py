@@ -41,7 +41,7 @@ workers: 2
 @pytest.fixture(scope="module")
 def probed_run(tmp_path_factory):
     from harness_adapters.scripted_model import scripted_model_server
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
     from sandboxes.images import docker_client
 
     docker_client()

@@ -155,7 +155,7 @@ def test_a_timed_grid_runs_its_model_servers_with_the_grids_timing(tmp_path):
     """End to end: the grid's timing reaches the embedded servers `carc grid run` starts (their
     usage logs note every call's drawn delay), and the run ends with every instance."""
     from orchestrator.records import RunPaths, read_events
-    from orchestrator.run.grid_run import start_run
+    from orchestrator.run.local_pool import start_run
 
     path = tmp_path / "g.yaml"
     path.write_text(textwrap.dedent("""\

@@ -21,7 +21,8 @@ from orchestrator.analysis.report import write_report
 from orchestrator.cli import app
 from orchestrator.records import RunPaths, read_events
 from orchestrator.run.grid_config import EFFECTIVE_PRICES, GridFileError, load_grid, price_table
-from orchestrator.run.grid_run import execute, stopped_cells, set_usd_per_cell
+from orchestrator.run.local_pool import execute
+from orchestrator.run.run_folder import stopped_cells, set_usd_per_cell
 from proxy.journal import read_journal
 
 PRICE_IN, PRICE_OUT = 10.0, 30.0  # USD per million tokens, for the embedded model in these runs

@@ -18,7 +18,7 @@ import pytest
 from harness_adapters.openclaw import DEFAULTS, render_config
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import read_events
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
 from tests.docker_fixtures import check_journal_against_upstream, client, run_on_api  # noqa: F401

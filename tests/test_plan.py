@@ -168,7 +168,7 @@ def test_wall_time_packs_the_longest_cells_first():
 
 @pytest.fixture(scope="module")
 def pilot_run(tmp_path_factory) -> tuple[Path, Path]:
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
 
     root = tmp_path_factory.mktemp("pilot")
     grid = root / "pilot.yaml"

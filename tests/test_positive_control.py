@@ -42,7 +42,7 @@ workers: 4
 
 @pytest.fixture(scope="module")
 def run_dir(client, tmp_path_factory):
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
     run = tmp_path_factory.mktemp("control") / "runs" / "positive-control"
     (run / "cells").mkdir(parents=True)
     (run / "grid.yaml").write_text(GRID)

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.analysis.report import write_report
 from orchestrator.records import RunPaths, read_events
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 from tests.solver_endpoint import SolverEndpoint
 

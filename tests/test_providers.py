@@ -24,7 +24,7 @@ from harness_adapters.scripted_model import (Served, _anthropic, _chat, _respons
                                              scripted_model_server)
 from orchestrator.records import read_events
 from orchestrator.run.grid_config import GridFileError, load_grid
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from proxy.host import HostProxy, free_port
 from proxy.journal import read_journal
 from proxy.prices import PriceTable

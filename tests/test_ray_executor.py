@@ -28,7 +28,7 @@ import pytest
 
 from orchestrator import fault_points
 from orchestrator.records import CellFence, CellPaths, read_events
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 from orchestrator.run.status import run_status
 from tests.test_runner import _run_labelled, assert_records_consistent
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from orchestrator.arc import as_grid
 from orchestrator.cli import app
 from orchestrator.records import RunPaths, read_events
-from orchestrator.run.grid_run import start_run
+from orchestrator.run.local_pool import start_run
 from orchestrator.tasks.base import MAX_DEMOS
 from orchestrator.tasks.public import arc1_tasks
 from orchestrator.tasks.rearc import PATH_ENV, REARC_REPO, ReArcSource

@@ -26,8 +26,8 @@ from orchestrator.analysis.compare import NothingToCompare, compare_runs
 from orchestrator.analysis.report import load_run, write_report
 from orchestrator.cli import app
 from orchestrator.records import Event, EventLog, RunPaths, read_events
-from orchestrator.run.collective.runner import execute_collective
-from orchestrator.run.grid_run import execute
+from orchestrator.run.collective.rounds import execute_collective
+from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 
 GRID = """\

@@ -17,9 +17,9 @@ import yaml
 
 from harness_adapters.base import Learner, Turn
 from orchestrator.records import RECORDS_FORMAT, CellPaths, CellRecord, Event, RunPaths, SandboxRecord, read_events
-from orchestrator.run import grid_run
+from orchestrator.run import local_pool, run_folder
 from orchestrator.run.grid_config import GridFileError, load_grid
-from orchestrator.run.runner import CellRunner
+from orchestrator.run.cell_runner import CellRunner
 from orchestrator.run.schedule import build_schedule
 
 WORDING = "system: |\n  You solve ARC puzzles; answer with one JSON action. (our own wording)\n"
@@ -46,8 +46,8 @@ def grid_file(tmp_path: Path) -> Path:
 
 def started(grid_file: Path, runs: Path, monkeypatch, run_id: str = "r") -> RunPaths:
     """start_run up to the point where cells would run (the run folder as it is then)."""
-    monkeypatch.setattr(grid_run, "execute", lambda run_dir, workers=None: None)
-    return RunPaths(grid_run.start_run(grid_file, runs, run_id))
+    monkeypatch.setattr(local_pool, "execute", lambda run_dir, workers=None: None)
+    return RunPaths(local_pool.start_run(grid_file, runs, run_id))
 
 
 def test_the_run_folder_holds_the_validated_grid_and_copies_of_the_files_it_names(grid_file, tmp_path,
@@ -75,7 +75,7 @@ def test_a_run_id_that_exists_continues_the_same_grid_and_refuses_another(grid_f
     assert started(grid_file, runs, monkeypatch).grid.exists()  # the same grid: continued
     (grid_file.parent / "wording.yaml").write_text(WORDING + "store_invitation: save it\n")
     grid_file.write_text(GRID.replace("efforts: [low]", "efforts: [medium]"))
-    with pytest.raises(grid_run.GridMismatch) as err:
+    with pytest.raises(run_folder.GridMismatch) as err:
         started(grid_file, runs, monkeypatch)
     message = str(err.value)
     assert "started with another grid" in message and "efforts: ['low'] != ['medium']" in message
@@ -85,12 +85,12 @@ def test_a_run_id_that_exists_continues_the_same_grid_and_refuses_another(grid_f
 def test_a_stored_grid_that_names_a_missing_file_is_an_error_naming_it(grid_file, tmp_path):
     (grid_file.parent / "wording.yaml").unlink()
     with pytest.raises(GridFileError, match="cannot read|No such file|wording.yaml"):
-        grid_run.start_run(grid_file, tmp_path / "runs", "r")
+        local_pool.start_run(grid_file, tmp_path / "runs", "r")
 
 
 @pytest.mark.slow
 def test_events_and_cell_records_are_typed_with_their_format_and_what_was_wiped(grid_file, tmp_path):
-    run = RunPaths(grid_run.start_run(grid_file, tmp_path / "runs", "typed"))
+    run = RunPaths(local_pool.start_run(grid_file, tmp_path / "runs", "typed"))
     floor, wiped = run.cell("stateless-floor.low.sequential.s0"), run.cell("program-library-wiped.low.sequential.s0")
     assert CellRecord.read(floor.settings).format == 2
     assert SandboxRecord.read(floor.sandbox).program_checks == "host-process"
@@ -139,7 +139,7 @@ def one_instance_grid(tmp_path: Path, name: str, extra: str = ""):
 @pytest.mark.slow
 def test_the_wall_clock_reaches_the_learner_so_a_slow_turn_ends_at_the_limit(tmp_path, monkeypatch):
     grid = one_instance_grid(tmp_path, "clock", "limits: {wall_clock_s: 2}\n")
-    monkeypatch.setattr("orchestrator.run.runner.ladder_learner", lambda cell, state_dir, *a: SlowLearner(state_dir, None))
+    monkeypatch.setattr("orchestrator.run.cell_runner.ladder_learner", lambda cell, state_dir, *a: SlowLearner(state_dir, None))
     cell_dir = tmp_path / "runs" / "clock" / "cells" / grid.cells()[0].cell
     CellRunner(grid, grid.cells()[0], cell_dir, "http://127.0.0.1:9/v1").run()
     [end] = [e for e in read_events(CellPaths(cell_dir).events) if e.type == "instance_end"]
@@ -235,7 +235,7 @@ RESUME_UNDER_O = """\
 import sys
 from pathlib import Path
 from harness_adapters.base import Learner, Turn
-from orchestrator.run import runner
+from orchestrator.run import cell_runner
 from orchestrator.run.grid_config import load_grid
 
 class AsksForDemos(Learner):
@@ -247,10 +247,10 @@ class AsksForDemos(Learner):
     def observe(self, outcome, attempts_used, demos_used):
         pass
 
-runner.ladder_learner = lambda cell, state_dir, *a: AsksForDemos(state_dir, None)
+cell_runner.ladder_learner = lambda cell, state_dir, *a: AsksForDemos(state_dir, None)
 grid = load_grid(sys.argv[1])
 try:
-    runner.CellRunner(grid, grid.cells()[0], Path(sys.argv[2]), "http://127.0.0.1:9/v1").run()
+    cell_runner.CellRunner(grid, grid.cells()[0], Path(sys.argv[2]), "http://127.0.0.1:9/v1").run()
 except Exception as exc:
     print(f"{type(exc).__name__}: {exc}")
     sys.exit(3)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.records import CellPaths, read_events
-from orchestrator.run.grid_run import execute
+from orchestrator.run.local_pool import execute
 
 GRID = """\
 name: tiny

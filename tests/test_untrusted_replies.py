@@ -266,7 +266,7 @@ def test_the_reproducers_through_the_cell_runner_cost_nothing_and_every_reply_is
     malformed at cost 0, the surrogate reply's request is applied and journaled with its reply
     exactly as sent, and the instance ends on its own eight wrong answers (not a learner error)."""
     from orchestrator.records import read_events
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-untrusted-replies")
     grid = (f"name: untrusted\nseed: 0\ntrack: {{name: own, tasks: 1, visits: 1, epilogue: 0, fresh_reference: false}}\norders: [sequential]\n"
             f"efforts: [low]\nlearners: [stateless-floor]\nworkers: 1\n"

@@ -429,7 +429,7 @@ def run_stream(name: str, run_dir: Path, cells: dict[str, Cell], tasks: int, vis
     """Run the two cells on the scripted model; the check says whether the stream ran, and how
     many instances each cell has (None when the grid did not load)."""
     from orchestrator.run.grid_config import load_grid
-    from orchestrator.run.grid_run import execute
+    from orchestrator.run.local_pool import execute
     from orchestrator.run.schedule import build_schedule
 
     started, expected = time.monotonic(), None

@@ -7,7 +7,7 @@ machine; `ray`, a Ray task per unit on a cluster, retried when its node is lost.
 grid is a grid: `run(run_dir, executor)` picks the entry for the grid's regime and the executor,
 and a Ctrl-C (or SIGTERM) ends every one of them as `RunInterrupted`.
 
-A cell's slot driver is chosen in one place too, for both executors: `runner.cell_runner`.
+A cell's slot driver is chosen in one place too, for both executors: `cell_runner.cell_runner`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ def run(run_dir: Path, executor: str = "local", workers: int | None = None, *, a
         durability: str = "shared", show_progress: bool = True) -> list[str]:
     """Run (or continue) every unit of the run in `run_dir` on `executor`; returns the cells that
     stopped at a limit (limits.usd_per_cell). `address` and `durability` are the Ray executor's."""
-    from orchestrator.run.grid_run import RunInterrupted
+    from orchestrator.run.run_folder import RunInterrupted
 
     check(executor, address, durability)
     run_dir = Path(run_dir)
     collective = load_grid(RunPaths(run_dir).grid).collective is not None
     try:
         if executor == "local" and collective:  # users in rounds, rows side by side, in threads
-            from orchestrator.run.collective.runner import execute_collective
+            from orchestrator.run.collective.rounds import execute_collective
             return execute_collective(run_dir, workers, show_progress)
         if executor == "local":  # a process per cell
-            from orchestrator.run.grid_run import execute
+            from orchestrator.run.local_pool import execute
             return execute(run_dir, workers, show_progress)
         if collective:  # a Ray task per user and round
             from orchestrator.run.collective.on_ray import execute_collective_ray

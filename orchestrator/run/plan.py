@@ -501,7 +501,7 @@ def wall_at(seconds: list[float], workers: int) -> float:
 def needed_images(grid: GridConfig) -> list[ImagePlan]:
     """The images `carc grid run` would make before its first cell, and whether the engine has each."""
     from harness_adapters import registry
-    from orchestrator.run.grid_run import harness_learners, needs_docker
+    from orchestrator.run.run_folder import harness_learners, needs_docker
     from sandboxes.images import ImageBuildError, docker_client, planned_image
 
     if not needs_docker(grid):

@@ -124,8 +124,8 @@ def run_cell_attempt(run_dir: str, cell_json: str, records=None) -> str:
 
 
 def _run_attempt(run: RunPaths, cell: Cell, fence: CellFence) -> str:
-    from orchestrator.run.runner import cell_runner
-    from orchestrator.run.grid_run import model_host, model_service
+    from orchestrator.run.cell_runner import cell_runner
+    from orchestrator.run.model_service import model_host, model_service
 
     grid = load_grid(run.grid)
     paths = run.cell(cell.cell)
@@ -327,7 +327,7 @@ def _attempt_with_head_copy(run_name: str, cell: Cell, records) -> str:
 def prepare_node(run_name: str, grid: GridConfig | None) -> dict:
     """On one node: build (or find) the images the grid needs, and prune the run's leftovers and
     whatever attempts of nodes no longer alive left on this engine (a lost node that came back)."""
-    from orchestrator.run.grid_run import harness_learners, needs_docker
+    from orchestrator.run.run_folder import harness_learners, needs_docker
     from sandboxes.docker_sandbox import prune, prune_dead_nodes
 
     if grid is not None:
@@ -392,8 +392,9 @@ DURABILITY = ("shared", "head")
 def execute_ray_run(run_dir: Path, workers: int | None = None, address: str | None = None,
                     show_progress: bool = True, durability: str = "shared") -> list[str]:
     """Run (or continue) every cell of the run in `run_dir` on the Ray cluster at `address`
-    (`grid_run.execute`'s counterpart); returns the cells that stopped at a limit."""
-    from orchestrator.run.grid_run import RunInterrupted, run_grid_path, run_prices
+    (`local_pool.execute`'s counterpart); returns the cells that stopped at a limit."""
+    from orchestrator.run.grid_config import run_prices
+    from orchestrator.run.run_folder import RunInterrupted, run_grid_path
 
     grid_path = run_grid_path(run_dir)
     grid = load_grid(grid_path)
@@ -416,7 +417,7 @@ def execute_ray(run_dir: Path, grid_path: Path, grid: GridConfig, cells: list[Ce
     records reach the head's folder through a `HeadRecords` actor as they are written."""
     import ray
 
-    from orchestrator.run.grid_run import run_order
+    from orchestrator.run.local_pool import run_order
     from orchestrator.run.schedule import build_schedule
     from orchestrator.run.status import mark_started, record_failure
 

@@ -2,7 +2,7 @@
 collective user) drives, with append-only records and exact resume.
 
 A runner says where the state lives (its services, or a host folder) and how a slot is played:
-a `Play`, the track's protocol (`orchestrator/run/runner.py`: the grid's `InstanceProtocol`;
+a `Play`, the track's protocol (`orchestrator/run/cell_runner.py`: the grid's `InstanceProtocol`;
 `orchestrator/run/arc3_runner.py`: arc3's `LevelProtocol` on an engine). The driver does the rest,
 once. For every slot: (wipe the state if the row says so) -> instance_start -> the conversation,
 one fsynced `step` event per action before the learner hears the answer -> the learner's end ->

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from orchestrator.errors import ConfigError, RunFailed
 from orchestrator.records import CellFence, RunPaths
 from orchestrator.rows import row
-from orchestrator.run.collective.runner import (Checkers, UserRunner, round_model, row_failures,
+from orchestrator.run.collective.rounds import (Checkers, UserRunner, round_model, row_failures,
                                                 row_services, shares, update_shared)
 from orchestrator.run.collective.schedule import rounds, user_schedule
 from orchestrator.run.collective.training import RoundModel
@@ -53,7 +53,7 @@ def run_user_round(run_dir: str, cell_json: str, user: int, number: int) -> int:
     instances it ran."""
     import ray
 
-    from orchestrator.run.grid_run import model_host, model_service
+    from orchestrator.run.model_service import model_host, model_service
     from sandboxes.docker_sandbox import NODE_ENV
 
     os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()  # a node back from the dead finds its objects
@@ -95,7 +95,9 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
     each user's round a Ray task (`execute_collective`'s counterpart). Returns []."""
     import ray
 
-    from orchestrator.run.grid_run import RunInterrupted, model_host, model_service, run_grid_path, run_prices
+    from orchestrator.run.grid_config import run_prices
+    from orchestrator.run.model_service import model_host, model_service
+    from orchestrator.run.run_folder import RunInterrupted, run_grid_path
     from orchestrator.run.status import mark_started
 
     if durability != "shared":

@@ -50,7 +50,7 @@ from orchestrator.run.collective.training import RoundModel, RoundRecords, train
 from orchestrator.run.cell_services import CellServices, HostStateDir, ladder_learner, refuse_host_programs, sandbox_limits
 from orchestrator.run.grid_config import HARNESSES, Cell, GridConfig, load_grid, price_table, run_prices
 from orchestrator.run.collective.harness_rows import CURATOR, LIBRARY, curate, user_sandbox
-from orchestrator.run.runner import CellRunner
+from orchestrator.run.cell_runner import CellRunner
 from orchestrator.run.schedule import ScheduledSlot
 from orchestrator.run.slot_driver import run_restarting
 from sandboxes.engines import sandbox_engine
@@ -331,7 +331,7 @@ def round_model(grid: GridConfig, cell: Cell, run_dir: Path, shared: Path, numbe
     """(base URL, model name) of the model a trained row's users call in round `number`: the
     grid's model until the first update, then the round's: the embedded model served with its
     trained prior, or the model it names at another endpoint."""
-    from orchestrator.run.grid_run import model_service
+    from orchestrator.run.model_service import model_service
 
     model = RoundModel.read(shared)
     if model is None:
@@ -348,7 +348,7 @@ def round_model(grid: GridConfig, cell: Cell, run_dir: Path, shared: Path, numbe
 def execute_collective(run_dir: Path, workers: int | None = None, show_progress: bool = True) -> list[str]:
     """Run (or continue) every row of the collective run in `run_dir` through all its rounds.
     Returns [] (a collective row has no dollar cap of its own yet)."""
-    from orchestrator.run.grid_run import needs_docker, prepare_sandboxes, run_grid_path
+    from orchestrator.run.run_folder import needs_docker, prepare_sandboxes, run_grid_path
     from orchestrator.run.status import mark_started
 
     run_dir = Path(run_dir)
@@ -474,7 +474,7 @@ def row_failures(run_dir: Path, drivers: dict[Future, Cell]) -> list[str]:
 
 def _run_rows(grid: GridConfig, run_dir: Path, cells: list[Cell], schedules: dict, plan, workers: int,
               checkers: Checkers, progress: Progress, stop: threading.Event, failures: list[str]) -> None:
-    from orchestrator.run.grid_run import model_host, model_service
+    from orchestrator.run.model_service import model_host, model_service
 
     users = len(next(iter(schedules.values())))
     host = model_host(grid)
