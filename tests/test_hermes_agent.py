@@ -15,7 +15,7 @@ import pytest
 from harness_adapters.scripted_model import NOTE
 from orchestrator.records import read_events
 from proxy.journal import read_journal
-from tests.docker_fixtures import check_journal_against_upstream, client, run_on_api  # noqa: F401
+from tests.docker_fixtures import check_journal_against_upstream, client, run_on_apis  # noqa: F401
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -126,10 +126,16 @@ HERMES_EFFORT = {
 }
 
 
+@pytest.fixture(scope="module")
+def on_each_api(client, tmp_path_factory):
+    """One hermes-agent instance on each model API, the three runs side by side."""
+    return run_on_apis(tmp_path_factory.mktemp("apis"), "hermes-agent", list(HERMES_EFFORT))
+
+
 @pytest.mark.parametrize("api", list(HERMES_EFFORT))
 def test_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
-        client, tmp_path, api):
-    served, folder = run_on_api(tmp_path, "hermes-agent", api)
+        on_each_api, api):
+    served, folder = on_each_api[api].result()
     calls = check_journal_against_upstream(folder, served, api)
     for entry in calls:
         for field, value in HERMES_EFFORT[api].items():

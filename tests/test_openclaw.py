@@ -21,7 +21,7 @@ from orchestrator.records import read_events
 from orchestrator.run.local_pool import execute
 from proxy.journal import read_journal
 from solver_model.conversation import message_text
-from tests.docker_fixtures import check_journal_against_upstream, client, run_on_api  # noqa: F401
+from tests.docker_fixtures import check_journal_against_upstream, client, run_on_apis  # noqa: F401
 
 
 
@@ -198,12 +198,18 @@ OPENCLAW_EFFORT = {
 }
 
 
+@pytest.fixture(scope="module")
+def on_each_api(client, tmp_path_factory):
+    """One openclaw instance on each model API, the three runs side by side."""
+    return run_on_apis(tmp_path_factory.mktemp("apis"), "openclaw", list(OPENCLAW_EFFORT))
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("api", list(OPENCLAW_EFFORT))
 def test_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
-        client, tmp_path, api):
-    served, folder = run_on_api(tmp_path, "openclaw", api)
+        on_each_api, api):
+    served, folder = on_each_api[api].result()
     calls = check_journal_against_upstream(folder, served, api)
     for entry in calls:
         for field, value in OPENCLAW_EFFORT[api].items():

@@ -795,12 +795,19 @@ PRIME_EFFORT = {
 }
 
 
+@pytest.fixture(scope="module")
+def on_each_api(tmp_path_factory):
+    """One prime-agent instance on each model API, the three runs side by side."""
+    from tests.docker_fixtures import run_on_apis
+    return run_on_apis(tmp_path_factory.mktemp("apis"), "prime-agent", list(PRIME_EFFORT))
+
+
 @live
 @pytest.mark.parametrize("api", list(PRIME_EFFORT))
 def test_live_on_each_api_the_effort_reaches_the_wire_and_the_journal_counts_what_the_upstream_did(
-        tmp_path, api):
-    from tests.docker_fixtures import check_journal_against_upstream, run_on_api
-    served, folder = run_on_api(tmp_path, "prime-agent", api)
+        on_each_api, api):
+    from tests.docker_fixtures import check_journal_against_upstream
+    served, folder = on_each_api[api].result()
     calls = check_journal_against_upstream(folder, served, api)
     for entry in calls:
         for field, value in PRIME_EFFORT[api].items():
