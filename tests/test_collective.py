@@ -504,9 +504,10 @@ def test_ctrl_c_then_sigkill_mid_round_then_resume_loses_double_charges_and_wron
         reference, tmp_path):
     """First SIGINT to the run's whole process group (Ctrl-C in a terminal): the users end the
     instances they are in on a model that is still up, and the run stops, no instance failed as
-    model-unavailable. Then SIGKILL mid-round, twice. The run resumed on one worker equals the
+    model-unavailable. Then SIGKILL mid-round, twice. The run resumed on two workers equals the
     uninterrupted one on four: nothing lost, nothing charged twice, and the worker count changes
-    no result. (One run for the three: each is a whole grid's time.)"""
+    no result. (One run for the three: each is a whole grid's time. Two workers, not one: the
+    rest of the grid is CPU, and one worker leaves one of the machine's two cores idle.)"""
     run_dir = make_run(tmp_path, "interrupted")
     # Ctrl-C from the run itself once it has recorded 120 steps: never racing its end
     assert _run_cli(run_dir, fault="sigint-group after 120 step").wait(timeout=300) == 130, _cli_log(run_dir)
@@ -516,7 +517,7 @@ def test_ctrl_c_then_sigkill_mid_round_then_resume_loses_double_charges_and_wron
     for _ in range(2):  # SIGKILL of the whole run, 50 steps into each resume
         assert _run_cli(run_dir, fault="sigkill-group after 50 step").wait(timeout=300) == -signal.SIGKILL, \
             _cli_log(run_dir)
-    assert _run_cli(run_dir, workers=1).wait(timeout=600) == 0, _cli_log(run_dir)
+    assert _run_cli(run_dir, workers=2).wait(timeout=600) == 0, _cli_log(run_dir)
     assert_records_consistent(run_dir)
     assert outcomes(run_dir) == outcomes(reference)
     assert shared_digests(run_dir) == shared_digests(reference)
