@@ -10,7 +10,6 @@ owns the protocol; the learner only turns messages into final texts.
 from __future__ import annotations
 
 import abc
-import enum
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from harness_adapters.base import InstanceView, Learner, Turn
 from orchestrator.errors import CarcError
 from orchestrator.prompts import PromptSet
-from orchestrator.protocol import Outcome
+from orchestrator.protocol import FailureKind, Outcome
 from orchestrator.rows import row
 from sandboxes.environment import LeftOut, SandboxEnvironment, StateVolume
 from sandboxes.images import Recipe
@@ -32,14 +31,6 @@ PROGRAMS_DIR = "/state/programs"  # the program-procedure rows' library, on the 
 # (orchestrator/run/collective/harness_rows.py), which the harness reads and cannot change.
 SHARED_DIR = "/tmp/carc/shared"
 
-
-
-class FailureKind(str, enum.Enum):
-    RATE_LIMIT = "rate-limit"
-    TIMEOUT = "timeout"
-    CRASH = "crash"
-    BAD_OUTPUT = "bad-output"
-    OTHER = "other"
 
 
 class HarnessError(CarcError, RuntimeError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from orchestrator.arc import SPELL_LIMIT, Demo, Grid, GridError, as_grid, json_type, spell
 from orchestrator.tasks.base import ArcInstance
@@ -44,12 +44,24 @@ class Limits:
     wall_clock_s: float = 900.0
 
 
-# Why an instance failed (charged the full budget), as the records count it: the protocol's own
-# two caps, the runner's wall clock and empty conversation, and what went wrong with the learner
-# (a harness's own failure kinds: rate-limit, timeout, crash, bad-output, other).
-FailureKind = Literal["wrong-answers", "malformed", "wall-clock", "no-verdict", "model-unavailable",
-                      "learner-error", "rate-limit", "timeout", "crash", "bad-output", "other",
-                      "action-cap"]  # arc3: 5 x the level's human baseline without completing it
+class FailureKind(str, Enum):
+    """Why an instance failed (charged the full budget), as the records count it: the protocol's
+    own two caps, the runner's wall clock and empty conversation, and what went wrong with the
+    learner (a harness's failed turn: rate-limit, timeout, crash, bad-output, other; its
+    HarnessError). Records hold the value, a string."""
+
+    WRONG_ANSWERS = "wrong-answers"
+    MALFORMED = "malformed"
+    WALL_CLOCK = "wall-clock"
+    NO_VERDICT = "no-verdict"
+    MODEL_UNAVAILABLE = "model-unavailable"
+    LEARNER_ERROR = "learner-error"
+    RATE_LIMIT = "rate-limit"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    BAD_OUTPUT = "bad-output"
+    OTHER = "other"
+    ACTION_CAP = "action-cap"  # arc3: 5 x the level's human baseline without completing it
 
 
 class Status(str, Enum):

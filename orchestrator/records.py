@@ -254,7 +254,7 @@ SNAPSHOT_LEFT_OUT_KEPT = 50
 class Event(BaseModel):
     """One line of `events.jsonl`. Fields not relevant to a type are left out of the line."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_enum_values=True)  # failure_kind: its string
 
     type: EventType
     cell: str

@@ -308,3 +308,20 @@ def test_transcripts_are_one_appended_file_whose_last_member_counts_and_a_torn_o
     assert found and found[0][0] == "transcripts.jsonl.gz" and "line 4" in found[0][1]
     with pytest.raises(ValueError, match="transcripts.jsonl.gz: line 4"):
         paths.read_transcripts()
+
+
+def test_a_failure_kind_has_one_home_and_records_hold_its_string():
+    """The harness's failure kinds are the records' (one Enum in orchestrator/protocol.py; it
+    was a Literal there and a second Enum in harness_adapters/harness.py), and an event keeps
+    the plain string, in memory and on disk."""
+    from harness_adapters.harness import FailureKind as HarnessFailureKind
+    from orchestrator.protocol import FailureKind
+
+    assert HarnessFailureKind is FailureKind
+    event = Event(type="instance_end", cell="c", slot=0, phase="stream", task="t", visit=0, exposure=0,
+                  t=0.0, failure_kind=FailureKind.CRASH)
+    assert type(event.failure_kind) is str and event.failure_kind == "crash"
+    assert Event.model_validate_json(event.model_dump_json()).failure_kind == "crash"
+    with pytest.raises(ValueError):
+        Event(type="instance_end", cell="c", slot=0, phase="stream", task="t", visit=0, exposure=0,
+              t=0.0, failure_kind="not a kind")
