@@ -49,6 +49,9 @@ from sandboxes.networks import create_cell_network, ensure_egress_network, host_
 log = structlog.get_logger("carc.sandbox")
 
 SANDBOX_USER = "1000:1000"
+# how long past its in-container `timeout` the host waits on an exec's stream before it cuts it
+# (the in-container `timeout` can be stopped by the harness: `kill -STOP -1` as the same uid)
+EXEC_BACKSTOP_S = 30.0
 KEEPER_USER = "1001:1001"
 CA_PATH = "/tmp/carc/ca.pem"
 PROXY_HOST = "proxy"
@@ -348,7 +351,7 @@ class DockerSandbox(SandboxEnvironment):
         except docker.errors.APIError as exc:
             raise SandboxError(f"{self.name}: cannot run {cmd[:3]}: {exc}") from None
         raw = getattr(sock, "_sock", sock)
-        raw.settimeout((timeout or 3600) + 30)
+        raw.settimeout((timeout or 3600) + EXEC_BACKSTOP_S)
         data = input.encode() if isinstance(input, str) else (input or b"")
 
         def feed() -> None:
@@ -368,9 +371,9 @@ class DockerSandbox(SandboxEnvironment):
         err: list[bytes] = []
         cut = False
         try:
-            # The host's own backstop, 30 s past the in-container `timeout` (which a harness can
+            # The host's own backstop, past the in-container `timeout` (which a harness can
             # stop: `kill -STOP -1` as the same uid stops it too).
-            for stream_id, frame in _frames(raw, started + (timeout or 3600) + 30):
+            for stream_id, frame in _frames(raw, started + (timeout or 3600) + EXEC_BACKSTOP_S):
                 (err if stream_id == STDERR else out).append(frame)
         except (socket.timeout, TimeoutError):
             err.append(b"(no answer from the docker exec stream)")

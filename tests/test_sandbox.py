@@ -42,16 +42,19 @@ def test_timeout_kills_the_process_and_its_children_inside_the_container(sandbox
     assert "sleep 60" not in left
 
 
-def test_a_process_stopped_by_the_harness_cannot_hold_a_read_or_an_exec_past_its_timeout(sandbox):
+def test_a_process_stopped_by_the_harness_cannot_hold_a_read_or_an_exec_past_its_timeout(sandbox, monkeypatch):
     """docker-py polls an exec socket with no timeout: a driver the harness stopped (`kill -STOP
-    -1` stops the in-container `timeout` too) once held the cell forever."""
+    -1` stops the in-container `timeout` too) once held the cell forever. (The host's backstop
+    is cut to 3 s here: the test is whether it cuts, not its 30 s margin.)"""
+    import sandboxes.docker_sandbox as docker_sandbox
+    monkeypatch.setattr(docker_sandbox, "EXEC_BACKSTOP_S", 3.0)
     driver = sandbox.open_process(["sh", "-c", "read line; kill -STOP $$"])
     driver.send_line("go")
     with pytest.raises(TimeoutError):  # once: no return at all
         driver.read_line(2)
     driver.close(timeout=0)
-    # The in-container timeout is stopped too; the host's backstop (timeout + 30 s) cuts the exec
-    # while `sleep` still runs (once: it returned after 60 s as a clean exit, not timed out).
+    # The in-container timeout is stopped too; the host's backstop (timeout + EXEC_BACKSTOP_S)
+    # cuts the exec while `sleep` still runs (once: it returned after 60 s as a clean exit).
     result = sandbox.exec(["sh", "-c", "kill -STOP -1; sleep 60"], timeout=1)
     assert result.timed_out and b"no answer from the docker exec stream" in result.stderr
     sandbox.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"])
