@@ -583,3 +583,21 @@ def test_an_update_step_killed_midway_is_done_again_whole(reference, tmp_path, w
         return {k.split("/", 1)[1]: v for k, v in shared_digests(run).items() if cell.cell in k}
     assert mine(copies["killed"]) == mine(copies["whole"])
     assert len(mine(copies["whole"])) > 2
+
+
+def test_the_collective_executor_on_a_grid_without_users_says_so_under_python_O(tmp_path):
+    """Code that only a collective grid reaches asks for `grid.collective_settings`: a grid
+    without a `collective:` section is a ConfigError naming it, also under `python -O` (it was an
+    `assert`: gone there, and an AttributeError on None further on)."""
+    run_dir = tmp_path / "runs" / "single"
+    (run_dir / "cells").mkdir(parents=True)
+    (run_dir / "grid.yaml").write_text("name: single\ntrack: {name: own, tasks: 1, visits: 1}\n"
+                                       "learners: [stateless-floor]\nsandbox: {engine: process}\n")
+    script = ("import sys\nfrom orchestrator.errors import ConfigError\n"
+              "from orchestrator.run.collective.rounds import execute_collective\n"
+              "try:\n    execute_collective(sys.argv[1], show_progress=False)\n"
+              "except ConfigError as exc:\n    print(exc)\n    sys.exit(3)\n")
+    ran = subprocess.run([sys.executable, "-O", "-c", script, str(run_dir)], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, timeout=120)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert "'single' is not a collective grid" in ran.stdout

@@ -372,16 +372,16 @@ class GridConfig(_Strict):
 
     def _trainer_problem(self) -> str | None:
         """Why the grid's trained row cannot run, or None."""
-        assert self.collective is not None
+        collective = self.collective_settings
         try:
-            trainer_class(self.collective.trainer)
+            trainer_class(collective.trainer)
         except ValueError as exc:
             return str(exc)
-        if self.collective.trainer in EMBEDDED_ONLY and self.model.endpoint != EMBEDDED:
-            return (f"trainer {self.collective.trainer} trains the embedded model "
+        if collective.trainer in EMBEDDED_ONLY and self.model.endpoint != EMBEDDED:
+            return (f"trainer {collective.trainer} trains the embedded model "
                     f"(model.endpoint: embedded); this grid calls {self.model.endpoint}: use the "
                     "embedded model or a trainer of your own")
-        if not self.collective.share:
+        if not collective.share:
             return "share: false trains nothing between rounds: remove the row trained, or share"
         return None
 
@@ -393,6 +393,15 @@ class GridConfig(_Strict):
                                       "serves Responses unstreamed only; use model.api openai-chat")
                     for i, e in enumerate(self.learners) if e.learner in HARNESSES]
         return []
+
+    @property
+    def collective_settings(self) -> CollectiveConfig:
+        """The `collective:` section, for code that runs only on a collective grid: a grid without
+        one is a ConfigError that says so (an `assert` was gone under `python -O`)."""
+        if self.collective is None:
+            raise ConfigError(f"grid {self.name!r} is not a collective grid: it has no `collective:` "
+                              "section (docs/collective.md)")
+        return self.collective
 
     def cells(self) -> list["Cell"]:
         out = []

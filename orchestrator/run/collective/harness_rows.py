@@ -195,8 +195,7 @@ def curate(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, previous
     """The update step of a harness's collective row: write round `number`'s library (and the
     curator's state) into `out` from round `number - 1`'s records, and the library and curator
     state of `previous`. A failed curator conversation leaves its task's file as it was."""
-    assert grid.collective is not None
-    records = RoundRecords(paths, number - 1, grid.collective.users)
+    records = RoundRecords(paths, number - 1, grid.collective_settings.users)
     digests = round_digest(records, tasks)
     prompts = PromptSet.load(grid.prompts)
     journal = out / CURATOR / "journal"

@@ -106,11 +106,10 @@ def execute_collective_ray(run_dir: Path, workers: int | None = None, address: s
                          "records through the head's actor are for single-user grids")
     run_dir = Path(run_dir).resolve()
     grid = load_grid(run_grid_path(run_dir))
-    assert grid.collective is not None, f"{run_dir}: not a collective grid"
     run = RunPaths(run_dir)
     cells = grid.cells()
     run_prices(run_dir)
-    users, plan = grid.collective.users, rounds(grid)
+    users, plan = grid.collective_settings.users, rounds(grid)
     curated = [c for c in cells if c.learner in HARNESSES and shares(grid, c)]
     owned = connect(address, workers or grid.workers)
     task = ray.remote(run_user_round)

@@ -64,7 +64,7 @@ UPDATE_FILE = "update.json"
 def shares(grid: GridConfig, cell: Cell) -> bool:
     """Whether the row has update steps: a shared state its learners read (row collective) or a
     model trained between rounds (row trained)."""
-    return grid.collective is not None and grid.collective.share and row(cell.row).shared is not None
+    return grid.collective is not None and grid.collective_settings.share and row(cell.row).shared is not None
 
 
 class TagControl:
@@ -190,21 +190,20 @@ def update_shared(grid: GridConfig, cell: Cell, paths: CellPaths, number: int, u
     record: dict = {"round": number, "users": 0}
     if number > 0:
         previous = update_shared(grid, cell, paths, number - 1, upstream)
-        assert grid.collective is not None
     if number > 0 and row(cell.row).shared == "model":
-        trainer = trainer_class(grid.collective.trainer)(grid, cell)
-        counts = trainer.between_rounds(RoundRecords(paths, number - 1, grid.collective.users), previous, tmp)
+        trainer = trainer_class(grid.collective_settings.trainer)(grid, cell)
+        counts = trainer.between_rounds(RoundRecords(paths, number - 1, grid.collective_settings.users), previous, tmp)
         if RoundModel.read(tmp) is None:  # what the next round serves is readable before it is kept
-            raise RuntimeError(f"trainer {grid.collective.trainer} wrote no {tmp.name}/model.json")
-        record.update(users=grid.collective.users, **counts)
+            raise RuntimeError(f"trainer {grid.collective_settings.trainer} wrote no {tmp.name}/model.json")
+        record.update(users=grid.collective_settings.users, **counts)
     elif number > 0 and cell.learner in HARNESSES:
         tasks = {u.slot.task_id for u in user_schedule(grid, cell, 0)}  # every user meets every task
-        record.update(users=grid.collective.users,
+        record.update(users=grid.collective_settings.users,
                       **curate(grid, cell, paths, number, previous, tmp, upstream, tasks))
     elif number > 0:
         with tempfile.TemporaryDirectory(prefix="carc-update-") as scratch:
             kept = []
-            for user in range(grid.collective.users):
+            for user in range(grid.collective_settings.users):
                 snapshot = paths.user(user).latest_snapshot()
                 if snapshot is None:
                     continue
@@ -353,7 +352,6 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
 
     run_dir = Path(run_dir)
     grid = load_grid(run_grid_path(run_dir))
-    assert grid.collective is not None, f"{run_dir}: not a collective grid"
     refuse_host_programs(grid)
     cells = grid.cells()
     run_prices(run_dir)
@@ -362,7 +360,7 @@ def execute_collective(run_dir: Path, workers: int | None = None, show_progress:
         prepare_sandboxes(grid, run_dir, show_progress)
     mark_started(run_dir)
     workers = workers or grid.workers
-    users = grid.collective.users
+    users = grid.collective_settings.users
     plan = rounds(grid)
     schedules = {c.cell: [user_schedule(grid, c, u) for u in range(users)] for c in cells}
     stop = threading.Event()

@@ -55,26 +55,23 @@ class Rounds:
 
 
 def rounds(grid: GridConfig) -> Rounds:
-    assert grid.collective is not None
     length = grid.track.tasks * grid.track.visits
-    return Rounds(math.ceil(length / grid.collective.round_slots), grid.track.epilogue > 0)
+    return Rounds(math.ceil(length / grid.collective_settings.round_slots), grid.track.epilogue > 0)
 
 
 def first_half(grid: GridConfig, user: int) -> bool:
     """Whether `user` meets the epilogue in its first round (the first half of the users)."""
-    assert grid.collective is not None
-    return user < math.ceil(grid.collective.users / 2)
+    return user < math.ceil(grid.collective_settings.users / 2)
 
 
 def user_schedule(grid: GridConfig, cell: Cell, user: int) -> list[UserSlot]:
     """User `user`'s slots with their rounds: the stream, then (in its half's round) the epilogue."""
-    assert grid.collective is not None
     sources = grid_sources(grid, cell.seed)  # the same tasks for every user
     seed = user_seed(cell.seed, user)
     wiped = row(cell.row).wiped_before_each
     settings = dataclasses.replace(PRESETS[cell.order], visits=grid.track.visits)
     stream = build_stream(sources.stream_tasks, settings, seed)
-    size = grid.collective.round_slots
+    size = grid.collective_settings.round_slots
     served = user_source(sources.stream, user, grid.track.visits, cell.seed)
     slots = [UserSlot(s.index // size, ScheduledSlot(s.index, "stream", s.task_id, s.visit, s.exposure,
                                                      wiped, served, seed))
