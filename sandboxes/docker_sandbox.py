@@ -52,6 +52,10 @@ SANDBOX_USER = "1000:1000"
 # how long past its in-container `timeout` the host waits on an exec's stream before it cuts it
 # (the in-container `timeout` can be stopped by the harness: `kill -STOP -1` as the same uid)
 EXEC_BACKSTOP_S = 30.0
+# how often a wait on a sandbox process (a harness's turn) asks whether the cell's proxy container
+# still runs: a harness whose model connection died retries on its own (hermes: 3 retries over
+# about 70 s) before it answers, and the instance is rerun anyway
+PROXY_CHECK_S = 3.0
 KEEPER_USER = "1001:1001"
 CA_PATH = "/tmp/carc/ca.pem"
 PROXY_HOST = "proxy"
@@ -262,8 +266,16 @@ class DockerSandbox(SandboxEnvironment):
     def fault(self) -> str | None:
         """Why this sandbox cannot serve an instance now (its container or its proxy container
         stopped or vanished, e.g. `docker kill`), or None. Asks the engine, so it is cheap
-        enough after a failure, not per call."""
-        for role, container in (("sandbox", self.container), ("proxy", self.proxy_container)):
+        enough after a failure or every PROXY_CHECK_S of a wait, not per call."""
+        return self._fault(("sandbox", self.container), ("proxy", self.proxy_container))
+
+    def proxy_fault(self) -> str | None:
+        """Why the cell's proxy container cannot serve now, or None (no proxy: None)."""
+        return self._fault(("proxy", self.proxy_container))
+
+    @staticmethod
+    def _fault(*containers) -> str | None:
+        for role, container in containers:
             if container is None:
                 continue
             try:
@@ -373,7 +385,8 @@ class DockerSandbox(SandboxEnvironment):
         try:
             # The host's own backstop, past the in-container `timeout` (which a harness can
             # stop: `kill -STOP -1` as the same uid stops it too).
-            for stream_id, frame in _frames(raw, started + (timeout or 3600) + EXEC_BACKSTOP_S):
+            for stream_id, frame in _frames(raw, started + (timeout or 3600) + EXEC_BACKSTOP_S,
+                                            proxy_fault=self.proxy_fault):
                 (err if stream_id == STDERR else out).append(frame)
         except (socket.timeout, TimeoutError):
             err.append(b"(no answer from the docker exec stream)")
@@ -553,6 +566,12 @@ class DockerSandbox(SandboxEnvironment):
                                f"{result.stderr.decode(errors='replace')[-500:]}")
 
 
+class ProxyDown(SandboxError):
+    """A wait on a sandbox process ended because the cell's proxy container stopped: the process
+    may be retrying a model connection that is gone (the slot driver finds the fault and reruns
+    the instance, uncharged)."""
+
+
 class LineTooLong(ValueError):
     """A process's output line passed the reader's limit."""
 
@@ -584,7 +603,7 @@ class SandboxProcess:
         docker-py's frame reader polls the socket with no timeout of its own, so a process that
         says nothing (hung, stopped) would hold it forever: each frame is waited for here."""
         self.raw.settimeout(timeout)
-        frames = _frames(self.raw, time.monotonic() + timeout, self.frames)
+        frames = _frames(self.raw, time.monotonic() + timeout, self.frames, self.sandbox.proxy_fault)
         end = self.buffer.find(b"\n")
         while end < 0:
             if limit is not None and len(self.buffer) > limit:
@@ -620,7 +639,7 @@ class SandboxProcess:
             self.raw.shutdown(socket.SHUT_WR)
             while timeout > 0 and self.read_line(timeout) is not None:
                 pass
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError, ProxyDown):  # the drain is best effort
             pass
         finally:
             self.sock.close()
@@ -730,14 +749,21 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
-def _frames(raw, deadline: float, frames=None):
+def _frames(raw, deadline: float, frames=None, proxy_fault=None):
     """docker-py's (stream, bytes) frames of an exec socket, each waited for until `deadline`
-    (TimeoutError past it): its own reader polls the socket with no timeout at all."""
+    (TimeoutError past it): its own reader polls the socket with no timeout at all. With
+    `proxy_fault`, a wait asks it every PROXY_CHECK_S and raises ProxyDown when it names a fault:
+    the process may be waiting on a model connection that is gone."""
     frames = frames if frames is not None else frames_iter(raw, tty=False)
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([raw], [], [], left)[0]:
+        if left <= 0:
             raise TimeoutError("no answer from the docker exec stream")
+        if not select.select([raw], [], [], min(left, PROXY_CHECK_S) if proxy_fault else left)[0]:
+            fault = proxy_fault() if proxy_fault is not None else None
+            if fault:
+                raise ProxyDown(fault)
+            continue
         try:
             yield next(frames)
         except StopIteration:

@@ -279,8 +279,9 @@ def test_a_harness_cells_proxy_killed_under_a_hung_call_is_an_uncharged_fault_an
     on its 5th call, and `docker kill` of the cell's proxy container a second later. hermes
     answers "API call failed after 3 retries: Connection error." instead of failing its turn;
     those replies were malformed steps and the instance ended failed at 16 with no fault. Now the
-    first such reply finds the dead proxy: an infrastructure_fault, nothing charged, the instance
-    runs again on fresh services, and the run ends with the clean run's verdicts."""
+    wait on hermes' turn asks every PROXY_CHECK_S whether the proxy runs and finds it dead (before
+    hermes' own retries end, about 70 s later): an infrastructure_fault, nothing charged, the
+    instance runs again on fresh services, and the run ends with the clean run's verdicts."""
     import time
 
     from sandboxes.docker_sandbox import LABEL_ROLE, LABEL_RUN
@@ -308,6 +309,7 @@ def test_a_harness_cells_proxy_killed_under_a_hung_call_is_an_uncharged_fault_an
     faulted = events(run_dir)
     [fault] = [e for e in faulted if e.type == "infrastructure_fault"]
     assert "proxy container" in fault.error
+    assert "ProxyDown" in fault.error  # found by the wait, not by hermes' reply after its retries
     print(f"\nthe fault was noticed {fault.t - killed[0]:.1f} s after the proxy was killed: {fault.error[:300]}")
     assert verdicts(run_dir) == clean  # nothing charged for the fault, nothing lost or doubled
     standing_events = standing(faulted)
