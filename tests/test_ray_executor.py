@@ -5,8 +5,10 @@ ends as a local-pool run of the same grid ends.
 The cluster is Ray's own `ray.cluster_utils.Cluster`: a head with no `docker` resource (no cell
 runs there) and two worker nodes with one `docker` slot each, so each cell has a node of its own.
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is Ray's switch that keeps every node on 127.0.0.1.
-The grid: a ladder cell whose program checks run in a Docker container (program-library) and a
-harness cell (hermes-agent), on the embedded model. The node running the program library is
+The grid: a ladder cell whose program checks run in a Docker container (program-library) and
+the stateless floor, on the embedded model (a harness cell's lost node has its own test below;
+harness users on Ray end as on the local executor in test_collective_harness.py). The node
+running the program library is
 frozen after the first step of its third instance (the attempt stops itself at that named point:
 orchestrator/fault_points.py) and removed from the cluster (its raylet killed); its worker, if Ray has not ended it with the node, is let go only after Ray retried the
 cell elsewhere (a partitioned node coming back: the fence refuses its every further record;
@@ -43,7 +45,7 @@ track: {name: own, tasks: 2, visits: 2, epilogue: 0, fresh_reference: false}
 orders: [sequential]
 model: {endpoint: embedded, name: carc-solver}
 efforts: [low]
-learners: [program-library, hermes-agent]
+learners: [program-library, stateless-floor]
 workers: 2
 """
 KILLED = "program-library.low.sequential.s4"
@@ -161,7 +163,7 @@ def run_losing_a_node(cluster, run: Path, durability: str, lost: str = KILLED,
         frozen = CellFence.read(killed.root)["token"]
         node = next(n for n in workers if n.node_id == node_id)
         head.remove_node(node, allow_graceful=False)
-        # Ray notices the lost node and retries the cell on the other one (after the harness cell);
+        # Ray notices the lost node and retries the cell on the other one (once its slot is free);
         # once (a collective user's round, in a fresh clone's CI run) Ray took 418 s for it
         deadline = time.monotonic() + 900
         while CellFence.read(killed.root)["token"] <= frozen:
@@ -203,25 +205,26 @@ def assert_ended_as_a_local_run(run: Path, reference: Path, killed: CellPaths) -
     assert instances(run) == instances(reference)
 
 
-def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster):
-    reference = make_run(tmp_path, "ray-executor-local")
-    execute(reference, show_progress=False)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """GRID run by the local pool: how a run that lost a node must end."""
+    run = make_run(tmp_path_factory.mktemp("reference"), "ray-executor-local")
+    execute(run, show_progress=False)
+    return run
+
+
+def test_a_node_lost_mid_instance_is_retried_and_the_run_ends_as_a_local_run(tmp_path, cluster, reference):
     run = make_run(tmp_path, "ray-executor-ray")
     killed = run_losing_a_node(cluster, run, "shared")
     assert_ended_as_a_local_run(run, reference, killed)
 
 
-HEAD_GRID = GRID.replace("learners: [program-library, hermes-agent]", "learners: [program-library, stateless-floor]")
-
-
-def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(tmp_path, cluster):
+def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(tmp_path, cluster, reference):
     """--durability head: each attempt works in a copy of its own (CARC_RAY_WORKDIR) laid down
     from the head's; every record, and every file that changed before it, reaches the head's
     folder through the head's actor as it is written; the retried cell resumes from the head's
     copy alone."""
-    reference = make_run(tmp_path, "ray-executor-head-local", HEAD_GRID)
-    execute(reference, show_progress=False)
-    run = make_run(tmp_path, "ray-executor-head", HEAD_GRID)
+    run = make_run(tmp_path, "ray-executor-head")
     seen: list[dict] = []
     killed = run_losing_a_node(cluster, run, "head", seen_running=seen)
     assert_ended_as_a_local_run(run, reference, killed)
@@ -360,7 +363,7 @@ def test_a_node_hosts_one_cell_per_core_at_most_one_per_2_gib():
 
 
 HARNESS = "hermes-agent.low.sequential.s4"
-HARNESS_GRID = GRID.replace("learners: [program-library, hermes-agent]", "learners: [hermes-agent]").replace(
+HARNESS_GRID = GRID.replace("learners: [program-library, stateless-floor]", "learners: [hermes-agent]").replace(
     "tasks: 2, visits: 2", "tasks: 2, visits: 1")  # 2 slots: lost inside the second
 
 
