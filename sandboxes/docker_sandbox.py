@@ -32,6 +32,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests.exceptions
 import structlog
 from docker.types import Mount
 from docker.utils.socket import STDERR, frames_iter
@@ -270,11 +271,17 @@ class DockerSandbox(SandboxEnvironment):
         return self._fault(("sandbox", self.container), ("proxy", self.proxy_container))
 
     def proxy_fault(self) -> str | None:
-        """Why the cell's proxy container cannot serve now, or None (no proxy: None)."""
-        return self._fault(("proxy", self.proxy_container))
+        """Why the cell's proxy container cannot serve now (stopped or gone), or None: no proxy,
+        or an engine that does not answer this once. A wait goes on through an engine hiccup:
+        ending the turn on one would charge it as the learner's failure when the slot driver's
+        own check finds the engine well again."""
+        try:
+            return self._fault(("proxy", self.proxy_container), engine_errors=False)
+        except requests.exceptions.RequestException:  # the engine's socket itself
+            return None
 
     @staticmethod
-    def _fault(*containers) -> str | None:
+    def _fault(*containers, engine_errors: bool = True) -> str | None:
         for role, container in containers:
             if container is None:
                 continue
@@ -283,6 +290,8 @@ class DockerSandbox(SandboxEnvironment):
             except docker.errors.NotFound:
                 return f"the {role} container {container.name} is gone"
             except docker.errors.APIError as exc:
+                if not engine_errors:
+                    continue
                 return f"the Docker engine does not answer for the {role} container {container.name}: {exc}"
             if container.status != "running":
                 state = container.attrs.get("State") or {}

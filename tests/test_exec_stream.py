@@ -63,3 +63,29 @@ def test_a_wait_without_a_proxy_check_only_times_out(pair):
     ours, _ = pair
     with pytest.raises(TimeoutError):
         next(_frames(ours, time.monotonic() + 0.2))
+
+
+class Container:
+    """A container as the engine answers for it (docker-py's `reload` then `status`)."""
+
+    def __init__(self, status: str = "running", error: Exception | None = None):
+        self.name, self.status, self.error, self.attrs = "carc-x-proxy", status, error, {}
+
+    def reload(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.parametrize("container, down", [
+    (Container(), False),
+    (Container("exited"), True),
+    (Container(error=docker_sandbox.docker.errors.NotFound("gone")), True),
+    # an engine hiccup is no fault to end a turn on (the slot driver would then find none and
+    # charge the turn), though the slot driver's own check after a failure names it
+    (Container(error=docker_sandbox.docker.errors.APIError("engine busy")), False),
+    (Container(error=docker_sandbox.requests.exceptions.ConnectionError("socket")), False),
+])
+def test_a_wait_ends_only_on_a_proxy_that_stopped_or_is_gone(container, down):
+    sandbox = docker_sandbox.DockerSandbox.__new__(docker_sandbox.DockerSandbox)
+    sandbox.container, sandbox.proxy_container = None, container
+    assert bool(sandbox.proxy_fault()) is down
