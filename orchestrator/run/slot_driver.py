@@ -391,9 +391,6 @@ class SlotDriver(ABC):
         """Snapshot the state after the instance (resume restores it); what it left out."""
         return self.state.snapshot(self.paths.snapshot(slot.index))
 
-    def _keep_transcript(self, slot: ScheduledSlot, transcript: Any) -> None:
-        self.paths.append_transcript(slot.index, transcript)
-
     # --- one instance -------------------------------------------------------------------------
 
     def _counts_by_journal(self) -> bool:
@@ -494,7 +491,7 @@ class SlotDriver(ABC):
             except Exception as exc:  # the next instance meets the harness as it is, and says so
                 log.exception("recover_error", cell=self.cell.cell, slot=slot.index)
                 journal.append(self._event("learner_error", slot, error=f"recover: {exc}"[:2000]))
-        self._keep_transcript(slot, play.transcript())
+        self.paths.append_transcript(slot.index, play.transcript())
         left_out = [entry.line() for entry in self._snapshot(slot)]
         try:  # a harness's logs (also those outside the volume), per instance
             self.state.collect_logs(self.paths.slot_logs(slot.index))
