@@ -3,12 +3,14 @@
 #   scripts/test.sh           every test, as CI runs them (starts Docker, builds the images)
 #   scripts/test.sh --fast    the fast tier for day-to-day work: no Docker, no server, no whole
 #                             grid, no browser (tests/conftest.py); installs carc, nothing else
-# Other arguments go to pytest. Both print the 25 slowest tests and the time per tier.
+# Other arguments go to pytest. Both print the 25 slowest tests and the time per tier. Both run
+# on two pytest-xdist workers, a module to a worker (tests/conftest.py says why and which modules
+# share one); CARC_TEST_WORKERS=1 runs them one after another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" --fast "* ]]; then
   python3 -m pip install --quiet -e '.[test]'
-  exec python3 -m pytest -q --durations=25 "$@"
+  exec python3 -m pytest -q --durations=25 -n "${CARC_TEST_WORKERS:-2}" --dist loadgroup "$@"
 fi
 # Headless Chromium for the report's browser test (Debian's package; no browser download).
 if ! command -v chromium >/dev/null 2>&1; then
@@ -36,4 +38,4 @@ if [ -n "${CARC_PRIME_AGENT_SOURCE:-}" ]; then
   images+=(prime-agent)
 fi
 carc images build "${images[@]}"
-python3 -m pytest -q --durations=25 "$@"
+python3 -m pytest -q --durations=25 -n "${CARC_TEST_WORKERS:-2}" --dist loadgroup "$@"

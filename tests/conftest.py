@@ -3,6 +3,14 @@
 A fixture defined here runs once per session; one imported into several modules
 (tests/docker_fixtures.py) runs once per module.
 
+Two workers: `scripts/test.sh` runs the suite on pytest-xdist's workers (`-n 2 --dist
+loadgroup`): the slow tier leaves the machine's two cores idle about half the time (Ray and
+fault waits, harness turns), so a second worker fills it. Each module is one group (its module
+fixtures run once, on one worker); the modules that read the scripted harness grid are one group
+(it is a session fixture: it would run once per worker), and so are the modules that start Ray
+(a test there ends what Ray started while it ran). Run names are unique across modules, and
+every leftover check looks for its own run's label or mark, so two workers do not meet.
+
 Tiers: `pytest --fast` (`scripts/test.sh --fast`) runs only what needs no Docker engine, no
 server or subprocess of carc's, no whole grid and no browser: every test without a `docker`,
 `slow` or `browser` marker. A test that uses a Docker fixture is marked `docker` here, at
@@ -45,10 +53,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.timeout = FAST_TIMEOUT_S if config.getoption("--fast") else TIMEOUT_S
 
 
+# Modules that must share a worker (`--dist loadgroup`; every other module is a group of its own).
+WORKER_GROUPS = {
+    "scripted-harness-grid": ("test_hermes_agent", "test_openclaw", "test_standby", "test_stores_inspector"),
+    "ray": ("test_collective_harness", "test_collective_ray", "test_executors", "test_ray_executor"),
+}
+_GROUP_OF = {module: group for group, modules in WORKER_GROUPS.items() for module in modules}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.docker)
+        if config.pluginmanager.hasplugin("xdist"):
+            module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else item.nodeid
+            item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(module, module)))
 
 
 def tier_of(keywords) -> str:

@@ -15,8 +15,11 @@ from orchestrator import fault_points
 from orchestrator.errors import ConfigError
 
 APPEND = textwrap.dedent("""\
-    import sys, time
+    import signal, sys, time
     from pathlib import Path
+    # Ctrl-C raises KeyboardInterrupt, as `carc grid run` makes sure (a parent that ignores SIGINT,
+    # as a pytest-xdist worker does, passes that on, and python then keeps ignoring it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from orchestrator.records import Event, EventLog
     root = Path(sys.argv[1])
     logs = {name: EventLog(root / name / "events.jsonl") for name in ("u0000", "u0001")}

@@ -246,6 +246,7 @@ def test_with_records_sent_to_the_head_a_lost_node_resumes_from_the_heads_copy(t
     assert set(left) <= {f"{KILLED}.1"}, left
 
 
+JOIN_MARK = "CARC_TEST_JOIN_MARK"  # in the environment of what `carc node join` started
 JOIN_GRID = """\
 name: ray-join-it
 seed: 1
@@ -290,7 +291,7 @@ def test_a_joined_node_hosts_cells_and_a_node_that_comes_back_loses_what_its_los
                                  "--cells", "1", "--node-ip", "127.0.0.1"], capture_output=True, text=True,
                                 # `ray start` joins a node only where multi-node clusters are on
                                 timeout=600, env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
-                                                  "COLUMNS": "200"})
+                                                  "COLUMNS": "200", JOIN_MARK: tag})
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert re.search(r"removed \d+ Docker objects", joined.stdout) and lost.name in joined.stdout, joined.stdout
         names = {v.name for v in client.volumes.list(filters={"label": "org.carc.run=join-it"})}
@@ -307,10 +308,10 @@ def test_a_joined_node_hosts_cells_and_a_node_that_comes_back_loses_what_its_los
     finally:
         started = {proc.pid for proc in psutil.process_iter()} - before - ours
         made.shutdown()
-        for pid in started:  # the joined node's processes (Ray's `ray stop` would stop every node here)
-            try:
+        for pid in started:  # the joined node's processes (Ray's `ray stop` would stop every node
+            try:             # here), known by the mark they inherit (not another test's processes)
                 proc = psutil.Process(pid)
-                if "ray" in proc.name() or any("ray" in part for part in proc.cmdline()):
+                if proc.environ().get(JOIN_MARK) == tag:
                     proc.kill()
             except psutil.Error:
                 pass
