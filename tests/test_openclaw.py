@@ -140,23 +140,21 @@ def test_the_verdict_arrives_in_the_same_session_and_nothing_leaves_but_model_ca
 DREAM_GRID = """\
 name: openclaw-dreaming
 seed: 3
-track: {name: own, tasks: 4, visits: 2, epilogue: 0, fresh_reference: false}
+track: {name: own, tasks: 8, visits: 3, epilogue: 0, fresh_reference: false}
 orders: [sequential]
 model: {endpoint: embedded, name: carc-solver}
 efforts: [low]
 learners: [openclaw]
 harness_options:
-  openclaw: {dreaming_frequency: "*/10 * * * * *"}
+  openclaw: {dreaming_frequency: "* * * * *"}
 workers: 1
 """
 
 
 @pytest.fixture(scope="module")
 def dreaming_run(client, tmp_path_factory):
-    """8 instances on the embedded model (about 70 s) with dreaming every 10 s (openclaw's cron is
-    croner, which takes a seconds field; a minute's schedule needed 24 instances, 160-170 s in CI):
-    openclaw's own cron fires inside the gateway while the stream runs, and snapshots are taken
-    meanwhile."""
+    """24 instances on the embedded model (about 80 s) with dreaming every minute: openclaw's own
+    cron fires inside the gateway while the stream runs, and snapshots are taken meanwhile."""
     run = tmp_path_factory.mktemp("dreaming") / "runs" / "openclaw-dreaming"
     (run / "cells").mkdir(parents=True)
     (run / "grid.yaml").write_text(DREAM_GRID)
@@ -175,7 +173,7 @@ def test_dreaming_fires_during_the_stream_and_the_inspector_attributes_what_it_w
     from stores_inspector import inspect_run
 
     events = read_events(dreaming_run / "events.jsonl")
-    assert sorted(e.slot for e in events if e.type == "instance_end") == list(range(8))
+    assert sorted(e.slot for e in events if e.type == "instance_end") == list(range(24))
     assert diary_calls(dreaming_run), "no dreaming sweep reached the model"
     last = max(int(p.name.split(".")[0]) for p in (dreaming_run / "snapshots").glob("*.tar.gz"))
     with tarfile.open(dreaming_run / "snapshots" / f"{last:05d}.tar.gz") as tar:
