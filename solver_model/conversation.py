@@ -212,12 +212,27 @@ def read_conversation(messages: Sequence[Mapping[str, Any]]) -> ConversationStat
     )
 
 
+# The calendar a harness writes into its messages: hermes-agent's system prompt says "Conversation
+# started: Tuesday, December 08, 2026", openclaw wraps each user message in "[Mon 2026-12-07 13:54
+# UTC]". Left in the digest, the day (or the minute) would decide the model's draws: a run would
+# not repeat on another day, and a test's outcome would change at midnight.
+_CALENDAR = re.compile(
+    r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?:day|sday|nesday|rsday|urday)?\b,?"
+    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+    r"\s+\d{1,2},?\s+\d{4}"
+    r"|\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:\s?(?:UTC|GMT|Z|[+-]\d{2}:?\d{2}))?"
+    r"|\b\d{1,2}:\d{2}(?::\d{2})?\s?(?:UTC|GMT|AM|PM|am|pm)?\b")
+
+
 def conversation_digest(messages: Sequence[Mapping[str, Any]]) -> str:
     """sha256 of the conversation's roles, texts and tool calls: what seeds a reply.
 
     A tool call counts by what it calls, not by its id: ids are drawn by whoever answered (a
-    scripted endpoint draws them at random), so two runs of the same calls read as one."""
-    canonical = [[str(m.get("role")), message_text(m.get("content")), _calls(m.get("tool_calls"))]
+    scripted endpoint draws them at random), so two runs of the same calls read as one. Dates and
+    clock times a harness writes (`_CALENDAR`) do not count either: the same conversation on
+    another day is the same conversation."""
+    canonical = [[str(m.get("role")), _CALENDAR.sub("<date>", message_text(m.get("content"))),
+                  _calls(m.get("tool_calls"))]
                  for m in messages if isinstance(m, Mapping)]
     data = json.dumps(canonical, sort_keys=True, default=str, ensure_ascii=True)
     return hashlib.sha256(data.encode()).hexdigest()
