@@ -5,9 +5,8 @@
 #                             grid, no browser (tests/conftest.py); installs carc, nothing else
 # Other arguments go to pytest. Both print the 25 slowest tests and the time per tier. The fast
 # tier runs on two pytest-xdist workers, a module to a worker; CARC_TEST_WORKERS=N runs the whole
-# suite on N (tests/conftest.py says which modules share one; docs/testing.md says what two workers
-# still break: tests that need the machine to themselves), and without it the suite runs in one
-# process, as CI runs it.
+# suite on N (tests/conftest.py says which modules share one; docs/testing.md what two workers
+# measured), and without it the suite runs in one process, as CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" --fast "* ]]; then

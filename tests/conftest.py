@@ -5,7 +5,8 @@ A fixture defined here runs once per session; one imported into several modules
 
 Workers: `scripts/test.sh --fast` runs on two pytest-xdist workers (`-n 2 --dist loadgroup`),
 and CARC_TEST_WORKERS=N runs the whole suite on N (docs/testing.md: the slow tier leaves the two
-cores idle about half the time, but five tests still fail beside a second worker). Each module is one group (its module
+cores idle about half the time; CI stays in one process until a fresh clone's run on two workers
+has passed). Each module is one group (its module
 fixtures run once, on one worker); the modules that read the scripted harness grid are one group
 (it is a session fixture: it would run once per worker), and so are the modules that start Ray
 (a test there ends what Ray started while it ran). Run names are unique across modules, and
