@@ -768,9 +768,9 @@ def _frames(raw, deadline: float, frames=None, proxy_fault=None):
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("no answer from the docker exec stream")
-        if not select.select([raw], [], [], min(left, PROXY_CHECK_S) if proxy_fault else left)[0]:
-            fault = proxy_fault() if proxy_fault is not None else None
-            if fault:
+        wait = left if proxy_fault is None else min(left, PROXY_CHECK_S)
+        if not select.select([raw], [], [], wait)[0]:
+            if proxy_fault is not None and (fault := proxy_fault()):
                 raise ProxyDown(fault)
             continue
         try:
